@@ -1,0 +1,26 @@
+use crate::{PodId, PodKey};
+
+/// Why a trait call of this crate's vocabulary was refused.
+///
+/// Implementations return these for input they cannot apply; callers count
+/// and log them. None of them leaves an index half-changed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The pod id names no live pod (never registered, or its slot has a
+    /// newer owner).
+    #[error("unknown pod {0}")]
+    UnknownPod(PodId),
+    /// The pod key is not registered.
+    #[error("unknown pod {0}")]
+    UnknownPodKey(PodKey),
+    /// The pod has been shut down; its events are ignored.
+    #[error("pod {0} is shut down")]
+    PodShutDown(PodId),
+    /// Every pod slot is taken.
+    #[error("no free pod slot: the index holds at most {limit} pods")]
+    TooManyPods {
+        /// The number of slots the index has.
+        limit: usize,
+    },
+}

@@ -1,0 +1,89 @@
+use crate::{BlockHash, CacheEvent, Error, Namespace, PodId, PodKey, PrefixMatch, TierCounts};
+
+/// Turns tokens into a cumulative block-hash chain.
+///
+/// Block `i` hashes its tokens and extra keys together with the hash of block
+/// `i - 1`; block 0's parent is [`BlockHasher::root`] of the namespace. The
+/// data layer's event ingestion computes router hashes through this trait, so
+/// a request and an engine event for the same tokens meet on the same hash.
+/// Implementations must be deterministic across processes and machines.
+pub trait BlockHasher: Send + Sync {
+    /// The parent hash of block 0 for a namespace.
+    fn root(&self, namespace: &Namespace) -> BlockHash;
+
+    /// The hash of one block given its parent's hash, its tokens and its
+    /// extra keys (for example multimodal content hashes).
+    fn hash_block(&self, parent: BlockHash, tokens: &[u32], extra_keys: &[u64]) -> BlockHash;
+
+    /// Hashes the full blocks of `tokens` after `parent`, appending to `out`.
+    /// A trailing partial block is ignored. `block_size` must not be zero;
+    /// if it is, nothing is appended.
+    fn extend_chain(
+        &self,
+        parent: BlockHash,
+        tokens: &[u32],
+        block_size: usize,
+        out: &mut Vec<BlockHash>,
+    ) {
+        if block_size == 0 {
+            return;
+        }
+        let mut prev = parent;
+        for block in tokens.chunks_exact(block_size) {
+            prev = self.hash_block(prev, block, &[]);
+            out.push(prev);
+        }
+    }
+}
+
+/// Answers "which live pods hold the longest prefix of this chain".
+pub trait PrefixIndex: Send + Sync {
+    /// Fills `out` (after resetting it) with every live pod holding at least
+    /// the first block of `chain` and the number of leading blocks it holds,
+    /// ranked longest first.
+    fn match_prefix_into(&self, chain: &[BlockHash], out: &mut PrefixMatch);
+
+    /// Like [`PrefixIndex::match_prefix_into`], into a fresh result.
+    fn match_prefix(&self, chain: &[BlockHash]) -> PrefixMatch {
+        let mut out = PrefixMatch::new(chain.len());
+        self.match_prefix_into(chain, &mut out);
+        out
+    }
+
+    /// For one pod, how many of the first `depth` blocks of `chain` sit in
+    /// each tier. Meant for the chosen pod only (it is off the hot path).
+    /// `None` when the index does not track tiers or does not know the pod.
+    fn tier_counts(&self, pod: PodId, chain: &[BlockHash], depth: usize) -> Option<TierCounts> {
+        let _ = (pod, chain, depth);
+        None
+    }
+}
+
+/// Applies cache events to an index.
+pub trait CacheEventSink: Send + Sync {
+    /// Applies one event. Events are idempotent. An event that cannot apply
+    /// (unknown or departed pod) returns a typed error and changes nothing.
+    fn apply(&self, event: &CacheEvent) -> Result<(), Error>;
+
+    /// Applies events in order, returning how many were refused. Sinks that
+    /// can batch (one lock per shard touched) override this.
+    fn apply_all(&self, events: &[CacheEvent]) -> usize {
+        events.iter().filter(|e| self.apply(e).is_err()).count()
+    }
+}
+
+/// Pod lifecycle: external keys in, compact ids out.
+pub trait PodDirectory: Send + Sync {
+    /// Registers a pod (or returns its id if it is already live).
+    fn join(&self, key: &PodKey) -> Result<PodId, Error>;
+
+    /// The live id of a registered pod.
+    fn pod_id(&self, key: &PodKey) -> Option<PodId>;
+
+    /// The key of a live pod.
+    fn pod_key(&self, id: PodId) -> Option<PodKey>;
+
+    /// Shuts a pod down: queries stop seeing it at once; its state is
+    /// cleared afterwards. Unknown pods are an error.
+    fn shutdown(&self, id: PodId) -> Result<(), Error>;
+}

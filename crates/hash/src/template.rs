@@ -1,0 +1,248 @@
+//! Chat templates rendered the way Hugging Face `transformers` renders them.
+
+use std::fmt;
+
+use minijinja::syntax::SyntaxConfig;
+use minijinja::value::{Kwargs, Serde, Value};
+use minijinja::{Environment, ErrorKind, State};
+use serde_json::{Map, Value as Json};
+
+use crate::Error;
+use crate::pyjson::{self, DumpOptions};
+
+const TEMPLATE_NAME: &str = "chat_template";
+
+/// The input of a chat prompt: OpenAI-style messages plus template options.
+///
+/// Messages are kept as JSON so every field a template may read
+/// (`tool_calls`, `reasoning_content`, `name`, ...) reaches it unchanged and in
+/// its original key order.
+#[derive(Clone, Debug, Default, PartialEq)]
+#[non_exhaustive]
+pub struct ChatInput {
+    /// The messages, each a JSON object with at least a `role`.
+    pub messages: Vec<Json>,
+    /// Tool (function) definitions, passed to the template as `tools`.
+    pub tools: Option<Vec<Json>>,
+    /// Whether to open an assistant turn at the end (`add_generation_prompt`).
+    pub add_generation_prompt: bool,
+    /// Extra template variables (OpenAI's `chat_template_kwargs`, such as
+    /// Qwen3's `enable_thinking`).
+    pub kwargs: Map<String, Json>,
+}
+
+impl ChatInput {
+    /// Messages with a generation prompt, no tools and no extra variables.
+    pub fn new(messages: Vec<Json>) -> Self {
+        ChatInput {
+            messages,
+            tools: None,
+            add_generation_prompt: true,
+            kwargs: Map::new(),
+        }
+    }
+
+    /// Sets the tool definitions.
+    pub fn with_tools(mut self, tools: Vec<Json>) -> Self {
+        self.tools = Some(tools);
+        self
+    }
+
+    /// Sets `add_generation_prompt`.
+    pub fn with_generation_prompt(mut self, yes: bool) -> Self {
+        self.add_generation_prompt = yes;
+        self
+    }
+
+    /// Sets one extra template variable.
+    pub fn with_kwarg(mut self, key: impl Into<String>, value: Json) -> Self {
+        self.kwargs.insert(key.into(), value);
+        self
+    }
+}
+
+/// A compiled chat template with the transformers-compatible environment.
+///
+/// The environment matches `transformers`' `ImmutableSandboxedEnvironment`:
+/// `trim_blocks` and `lstrip_blocks`, loop controls, `raise_exception`,
+/// `namespace`, Python string and dict methods (`startswith`, `split`,
+/// `strip(chars)`, `items()`, ...), Python's `json.dumps` as `tojson` and
+/// Python's spelling of `None`, `True`, `False` and floats when printed.
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    special_tokens: Map<String, Json>,
+}
+
+impl fmt::Debug for ChatTemplate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ChatTemplate")
+            .field("special_tokens", &self.special_tokens)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ChatTemplate {
+    /// Compiles `source`. `special_tokens` (for example `bos_token`,
+    /// `eos_token`) become template variables, as transformers passes them.
+    pub fn new(source: &str, special_tokens: Map<String, Json>) -> Result<Self, Error> {
+        let mut env = Environment::new();
+        let syntax = SyntaxConfig::builder()
+            .trim_blocks(true)
+            .lstrip_blocks(true)
+            .build()
+            .map_err(|e| Error::TemplateSyntax(e.to_string()))?;
+        env.set_syntax(syntax);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.set_formatter(|out, state, value| match pyjson::python_str(value) {
+            Some(s) => out.write_str(&s).map_err(minijinja::Error::from),
+            None => minijinja::escape_formatter(out, state, value),
+        });
+        env.add_filter("tojson", tojson);
+        env.add_function("raise_exception", raise_exception);
+        env.add_template_owned(TEMPLATE_NAME, source.to_owned())
+            .map_err(|e| Error::TemplateSyntax(render_error(&e)))?;
+        Ok(ChatTemplate {
+            env,
+            special_tokens,
+        })
+    }
+
+    /// Renders the prompt text for `input`.
+    pub fn render(&self, input: &ChatInput) -> Result<String, Error> {
+        let messages = normalize_messages(&input.messages)?;
+        let mut ctx = self.special_tokens.clone();
+        for (k, v) in &input.kwargs {
+            ctx.insert(k.clone(), v.clone());
+        }
+        ctx.insert("messages".into(), Json::Array(messages));
+        ctx.insert(
+            "tools".into(),
+            input.tools.clone().map_or(Json::Null, Json::Array),
+        );
+        ctx.insert("documents".into(), Json::Null);
+        ctx.insert(
+            "add_generation_prompt".into(),
+            Json::Bool(input.add_generation_prompt),
+        );
+        let tmpl = self
+            .env
+            .get_template(TEMPLATE_NAME)
+            .map_err(|e| Error::TemplateRender(render_error(&e)))?;
+        tmpl.render(Value::from(Serde(&ctx)))
+            .map_err(|e| Error::TemplateRender(render_error(&e)))
+    }
+}
+
+/// An error with its chain of causes (minijinja keeps the detail there).
+fn render_error(e: &minijinja::Error) -> String {
+    let mut msg = e.to_string();
+    let mut src = std::error::Error::source(e);
+    while let Some(s) = src {
+        msg.push_str(": ");
+        msg.push_str(&s.to_string());
+        src = s.source();
+    }
+    msg
+}
+
+/// Brings OpenAI-style messages into the shape chat templates expect.
+///
+/// - Each message must be an object with a string `role`.
+/// - Content given as a list of parts becomes the text parts joined by
+///   newlines, as vLLM does for templates that take string content.
+/// - Reasoning given as `thinking` or `reasoning` is also exposed as
+///   `reasoning_content` (and the reverse), as transformers does.
+fn normalize_messages(messages: &[Json]) -> Result<Vec<Json>, Error> {
+    let mut out = Vec::with_capacity(messages.len());
+    for (index, m) in messages.iter().enumerate() {
+        let Json::Object(obj) = m else {
+            return Err(Error::MalformedMessage {
+                index,
+                message: "a message must be a JSON object".into(),
+            });
+        };
+        match obj.get("role") {
+            Some(Json::String(_)) => {}
+            _ => {
+                return Err(Error::MalformedMessage {
+                    index,
+                    message: "`role` must be a string".into(),
+                });
+            }
+        }
+        let mut obj = obj.clone();
+        if let Some(Json::Array(parts)) = obj.get("content") {
+            let mut texts = Vec::with_capacity(parts.len());
+            for part in parts {
+                match part {
+                    Json::String(s) => texts.push(s.as_str()),
+                    Json::Object(p) => {
+                        if let Some(Json::String(t)) = p.get("text") {
+                            texts.push(t.as_str());
+                        }
+                    }
+                    _ => {
+                        return Err(Error::MalformedMessage {
+                            index,
+                            message: "content parts must be objects or strings".into(),
+                        });
+                    }
+                }
+            }
+            let joined = texts.join("\n");
+            obj.insert("content".into(), Json::String(joined));
+        }
+        let reasoning = ["reasoning_content", "thinking", "reasoning"]
+            .iter()
+            .find_map(|k| obj.get(*k).filter(|v| !v.is_null()).cloned());
+        if let Some(r) = reasoning {
+            let mut aliased = Map::with_capacity(obj.len() + 2);
+            aliased.insert("thinking".into(), r.clone());
+            for (k, v) in obj {
+                aliased.insert(k, v);
+            }
+            aliased.insert("reasoning_content".into(), r);
+            obj = aliased;
+        }
+        out.push(Json::Object(obj));
+    }
+    Ok(out)
+}
+
+/// transformers' `tojson`: `json.dumps(x, ensure_ascii=False, indent=None,
+/// separators=None, sort_keys=False)`.
+fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, minijinja::Error> {
+    let mut opts = DumpOptions {
+        ensure_ascii: kwargs.get::<Option<bool>>("ensure_ascii")?.unwrap_or(false),
+        sort_keys: kwargs.get::<Option<bool>>("sort_keys")?.unwrap_or(false),
+        ..DumpOptions::default()
+    };
+    if let Some(indent) = kwargs.get::<Option<Value>>("indent")? {
+        if let Some(s) = indent.as_str() {
+            opts.indent = Some(s.to_owned());
+        } else if let Ok(n) = usize::try_from(indent.clone()) {
+            opts.indent = Some(" ".repeat(n));
+        } else if !indent.is_none() {
+            return Err(minijinja::Error::new(
+                ErrorKind::InvalidOperation,
+                "tojson: indent must be an integer or a string",
+            ));
+        }
+    }
+    if let Some(seps) = kwargs.get::<Option<Vec<String>>>("separators")? {
+        let [item, key]: [String; 2] = seps.try_into().map_err(|_| {
+            minijinja::Error::new(
+                ErrorKind::InvalidOperation,
+                "tojson: separators must be a pair",
+            )
+        })?;
+        opts.item_sep = Some(item);
+        opts.key_sep = Some(key);
+    }
+    kwargs.assert_all_used()?;
+    Ok(Value::from(pyjson::dumps(value, &opts)?))
+}
+
+fn raise_exception(_state: &State, message: String) -> Result<Value, minijinja::Error> {
+    Err(minijinja::Error::new(ErrorKind::InvalidOperation, message))
+}

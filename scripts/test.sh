@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The project's test command (README "Run the tests"; CI runs exactly this).
+# Sets up what the tests need on a fresh machine, then runs every check.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n==> %s\n' "$*"; }
+
+step "Python reference stack in .venv (parity goldens; later the event publisher)"
+if [ ! -x .venv/bin/python ]; then
+    python3 -m venv .venv
+fi
+.venv/bin/pip install --quiet --disable-pip-version-check -r scripts/requirements-parity.txt
+
+step "Goldens agree with the reference implementations"
+.venv/bin/python scripts/gen_hash_golden.py --check
+.venv/bin/python scripts/gen_parity_golden.py --check
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy (workspace, all targets, -D warnings)"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "cargo test (unit, integration, doc tests)"
+cargo test --workspace --locked
+
+step "cargo doc (RUSTDOCFLAGS=-D warnings)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
+
+step "benches compile"
+cargo bench --workspace --no-run --locked
+
+step "all checks passed"
