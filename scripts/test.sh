@@ -25,6 +25,10 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 step "cargo test (unit, integration, doc tests)"
 cargo test --workspace --locked
 
+step "loom models of router-index (cfg router_loom, LOOM_MAX_PREEMPTIONS=2, --release)"
+RUSTFLAGS="--cfg router_loom" LOOM_MAX_PREEMPTIONS=2 CARGO_TARGET_DIR=target/loom \
+    cargo test -p router-index --release --locked --lib loom
+
 step "cargo doc (RUSTDOCFLAGS=-D warnings)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 

@@ -8,6 +8,7 @@
 //! - [`core`]: block hashes, pods, tiers, cache events and the traits that
 //!   glue the layers.
 //! - [`hash`]: text to tokens to full blocks to a stable cumulative hash chain.
+//! - [`index`]: the sharded bitmap index answering the longest cached prefix per pod.
 //!
 //! ```
 //! use cache_router::core::{BlockHasher, Namespace};
@@ -21,6 +22,7 @@
 
 pub use router_core as core;
 pub use router_hash as hash;
+pub use router_index as index;
 
 /// The README's code, compiled and run as a doc test so it stays true.
 #[doc = include_str!("../README.md")]

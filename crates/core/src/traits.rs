@@ -87,3 +87,57 @@ pub trait PodDirectory: Send + Sync {
     /// cleared afterwards. Unknown pods are an error.
     fn shutdown(&self, id: PodId) -> Result<(), Error>;
 }
+
+/// Forwards the traits through smart pointers, so an `Arc<Index>` (how an
+/// index is shared between the gateway and its event threads) is itself a
+/// `PrefixIndex`, and `Box<dyn PrefixIndex>` works where a generic is wanted.
+macro_rules! forward {
+    ($($ptr:ty),*) => {$(
+        impl<T: BlockHasher + ?Sized> BlockHasher for $ptr {
+            fn root(&self, namespace: &Namespace) -> BlockHash {
+                (**self).root(namespace)
+            }
+            fn hash_block(&self, parent: BlockHash, tokens: &[u32], extra_keys: &[u64]) -> BlockHash {
+                (**self).hash_block(parent, tokens, extra_keys)
+            }
+            fn extend_chain(&self, parent: BlockHash, tokens: &[u32], block_size: usize, out: &mut Vec<BlockHash>) {
+                (**self).extend_chain(parent, tokens, block_size, out)
+            }
+        }
+
+        impl<T: PrefixIndex + ?Sized> PrefixIndex for $ptr {
+            fn match_prefix_into(&self, chain: &[BlockHash], out: &mut PrefixMatch) {
+                (**self).match_prefix_into(chain, out)
+            }
+            fn tier_counts(&self, pod: PodId, chain: &[BlockHash], depth: usize) -> Option<TierCounts> {
+                (**self).tier_counts(pod, chain, depth)
+            }
+        }
+
+        impl<T: CacheEventSink + ?Sized> CacheEventSink for $ptr {
+            fn apply(&self, event: &CacheEvent) -> Result<(), Error> {
+                (**self).apply(event)
+            }
+            fn apply_all(&self, events: &[CacheEvent]) -> usize {
+                (**self).apply_all(events)
+            }
+        }
+
+        impl<T: PodDirectory + ?Sized> PodDirectory for $ptr {
+            fn join(&self, key: &PodKey) -> Result<PodId, Error> {
+                (**self).join(key)
+            }
+            fn pod_id(&self, key: &PodKey) -> Option<PodId> {
+                (**self).pod_id(key)
+            }
+            fn pod_key(&self, id: PodId) -> Option<PodKey> {
+                (**self).pod_key(id)
+            }
+            fn shutdown(&self, id: PodId) -> Result<(), Error> {
+                (**self).shutdown(id)
+            }
+        }
+    )*};
+}
+
+forward!(&T, Box<T>, std::sync::Arc<T>);

@@ -1,0 +1,729 @@
+//! The index: registry, events, queries and sweeps.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+
+use router_core::{
+    BlockHash, CacheEvent, CacheEventSink, Error, PodDirectory, PodId, PodKey, PodMatch,
+    PrefixIndex, PrefixMatch, Tier, TierCounts,
+};
+use smallvec::SmallVec;
+
+use crate::bitmap::HostBitmap;
+use crate::holders::Holders;
+use crate::shard::{Shard, ShardInner, shard_of};
+use crate::sync::{AtomicU64, Mutex, Ordering, RwLock};
+
+/// How an [`Index`] is laid out and run.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct IndexConfig {
+    /// log2 of the shard count (8 = 256 shards). At most 12.
+    pub shard_bits: u32,
+    /// Sweep departed pods on background threads. When false, call
+    /// [`Index::sweep`] yourself (tests and loom models do).
+    pub background_sweep: bool,
+    /// The most sweeper threads running at once (at least 1). Each sweep
+    /// pass takes every pod waiting at that moment, so one is usually enough.
+    pub sweep_threads: usize,
+    /// Below this many blocks a search interval is scanned block by block
+    /// instead of halved: a short scan beats the bookkeeping of a partition.
+    pub linear_span: usize,
+}
+
+impl Default for IndexConfig {
+    fn default() -> Self {
+        IndexConfig {
+            shard_bits: 8,
+            background_sweep: true,
+            sweep_threads: 1,
+            linear_span: 4,
+        }
+    }
+}
+
+impl IndexConfig {
+    /// Sets [`IndexConfig::shard_bits`].
+    pub fn shard_bits(mut self, bits: u32) -> Self {
+        self.shard_bits = bits.min(12);
+        self
+    }
+
+    /// Sets [`IndexConfig::background_sweep`].
+    pub fn background_sweep(mut self, yes: bool) -> Self {
+        self.background_sweep = yes;
+        self
+    }
+
+    /// Sets [`IndexConfig::sweep_threads`].
+    pub fn sweep_threads(mut self, n: usize) -> Self {
+        self.sweep_threads = n.max(1);
+        self
+    }
+
+    /// Sets [`IndexConfig::linear_span`].
+    pub fn linear_span(mut self, n: usize) -> Self {
+        self.linear_span = n;
+        self
+    }
+}
+
+/// A snapshot of the index's counters.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct IndexStats {
+    /// Distinct blocks held by at least one pod.
+    pub entries: u64,
+    /// (block, pod) pairs: the sum over blocks of the pods holding them.
+    pub residencies: u64,
+    /// Blocks whose holders are kept as a full bitmap (more than 4 pods).
+    pub bitmap_entries: u64,
+    /// Bytes allocated by the block maps, bitmaps and tier records.
+    pub bytes: u64,
+    /// Live pods.
+    pub pods_live: u64,
+    /// Events applied.
+    pub events_applied: u64,
+    /// Events refused because the pod id names no registered pod.
+    pub skipped_unknown_pod: u64,
+    /// Events refused because the pod was shut down (including writes that
+    /// found the pod gone while holding a shard lock).
+    pub skipped_dead_pod: u64,
+    /// Sweeps running now.
+    pub sweeps_running: u64,
+    /// Sweep passes completed.
+    pub sweeps_completed: u64,
+    /// (block, pod) pairs cleared by sweeps.
+    pub blocks_swept: u64,
+}
+
+// Slot states: epoch in the high bits, phase in the low two.
+const FREE: u64 = 0;
+const LIVE: u64 = 1;
+const DRAINING: u64 = 2;
+
+const fn state(epoch: u32, phase: u64) -> u64 {
+    (epoch as u64) << 2 | phase
+}
+
+const fn epoch_of(state: u64) -> u32 {
+    (state >> 2) as u32
+}
+
+const TIER_BITS_GPU: u8 = 1 << Tier::Gpu as u8;
+
+/// Per-slot state.
+#[derive(Debug)]
+struct Slot {
+    /// `epoch << 2 | phase`.
+    state: AtomicU64,
+    /// Blocks the pod holds.
+    blocks: AtomicU64,
+    /// Serialises one pod's events; holds its tier records.
+    pod: Mutex<PodState>,
+}
+
+/// Cold-path state of one pod.
+#[derive(Debug, Default)]
+struct PodState {
+    /// Tier masks of the blocks not held in exactly {GPU}. A block with its
+    /// bit set and no record here is on the GPU only, so a single-tier fleet
+    /// keeps this empty and pays nothing for tiers.
+    tiers: HashMap<u64, u8>,
+}
+
+#[derive(Debug, Default)]
+struct Registry {
+    by_key: HashMap<PodKey, PodId>,
+    keys: Vec<Option<PodKey>>,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    events_applied: AtomicU64,
+    skipped_unknown: AtomicU64,
+    skipped_dead: AtomicU64,
+    sweeps_running: AtomicU64,
+    sweeps_completed: AtomicU64,
+    blocks_swept: AtomicU64,
+}
+
+/// Candidate pods of one search interval: blocks `lo..hi` still undecided.
+type Interval<const W: usize> = (u32, u32, HostBitmap<W>);
+
+/// The sharded bitmap index: which live pods hold the longest prefix of a
+/// block-hash chain.
+///
+/// `W` is the bitmap width in 64-bit words: `W * 64` pod slots (4 = 256 pods
+/// by default; 1 to 16 words, so 64 to 1024 pods). See the crate docs for
+/// the design and its invariants.
+#[derive(Debug)]
+pub struct Index<const W: usize = 4> {
+    shards: Box<[Shard<W>]>,
+    shard_bits: u32,
+    alive: Box<[AtomicU64]>,
+    slots: Box<[Slot]>,
+    registry: Mutex<Registry>,
+    pending: Mutex<Vec<u16>>,
+    sweepers: std::sync::Mutex<Vec<std::thread::Thread>>,
+    counters: Counters,
+    config: IndexConfig,
+    me: Weak<Index<W>>,
+}
+
+impl<const W: usize> Index<W> {
+    const WIDTH_OK: () = assert!(W >= 1 && W <= 16, "HostBitmap width must be 1 to 16 words");
+
+    /// An empty index.
+    pub fn new(config: IndexConfig) -> Arc<Self> {
+        let () = Self::WIDTH_OK;
+        let config = IndexConfig {
+            shard_bits: config.shard_bits.min(12),
+            sweep_threads: config.sweep_threads.max(1),
+            ..config
+        };
+        let shards = (0..1usize << config.shard_bits)
+            .map(|_| Shard::new(RwLock::new(ShardInner::default())))
+            .collect();
+        let slots = (0..HostBitmap::<W>::CAPACITY)
+            .map(|_| Slot {
+                state: AtomicU64::new(state(0, FREE)),
+                blocks: AtomicU64::new(0),
+                pod: Mutex::new(PodState::default()),
+            })
+            .collect();
+        Arc::new_cyclic(|me| Index {
+            shards,
+            shard_bits: config.shard_bits,
+            alive: (0..W).map(|_| AtomicU64::new(0)).collect(),
+            slots,
+            registry: Mutex::new(Registry {
+                by_key: HashMap::new(),
+                keys: vec![None; HostBitmap::<W>::CAPACITY],
+            }),
+            pending: Mutex::new(Vec::new()),
+            sweepers: std::sync::Mutex::new(Vec::new()),
+            counters: Counters::default(),
+            config,
+            me: me.clone(),
+        })
+    }
+
+    /// The most pods the index can hold at once.
+    pub const fn capacity(&self) -> usize {
+        HostBitmap::<W>::CAPACITY
+    }
+
+    /// The live pods, as of now.
+    pub fn alive(&self) -> HostBitmap<W> {
+        let mut words = [0u64; W];
+        for (w, a) in words.iter_mut().zip(self.alive.iter()) {
+            *w = a.load(Ordering::Acquire);
+        }
+        HostBitmap::from_words(words)
+    }
+
+    #[inline]
+    fn shard(&self, hash: BlockHash) -> &Shard<W> {
+        &self.shards[shard_of(hash.0, self.shard_bits)]
+    }
+
+    /// The slot of a live pod, or why the pod cannot take events.
+    fn live_slot(&self, pod: PodId) -> Result<&Slot, Error> {
+        let Some(slot) = self.slots.get(pod.slot() as usize) else {
+            self.counters
+                .skipped_unknown
+                .fetch_add(1, Ordering::Relaxed);
+            return Err(Error::UnknownPod(pod));
+        };
+        let s = slot.state.load(Ordering::Acquire);
+        if s == state(pod.epoch(), LIVE) {
+            Ok(slot)
+        } else if s == state(pod.epoch(), DRAINING) || epoch_of(s) > pod.epoch() {
+            self.counters.skipped_dead.fetch_add(1, Ordering::Relaxed);
+            Err(Error::PodShutDown(pod))
+        } else {
+            self.counters
+                .skipped_unknown
+                .fetch_add(1, Ordering::Relaxed);
+            Err(Error::UnknownPod(pod))
+        }
+    }
+
+    /// Sorts a batch of blocks by shard so each shard is locked once.
+    fn by_shard(&self, blocks: &[BlockHash]) -> SmallVec<[(u32, u64); 32]> {
+        let mut v: SmallVec<[(u32, u64); 32]> = blocks
+            .iter()
+            .map(|h| (shard_of(h.0, self.shard_bits) as u32, h.0))
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    fn store(&self, pod: PodId, tier: Tier, blocks: &[BlockHash]) -> Result<(), Error> {
+        let slot = self.live_slot(pod)?;
+        let s = pod.slot();
+        let live = state(pod.epoch(), LIVE);
+        let tier_bit = 1u8 << tier as u8;
+        let mut ps = slot.pod.lock();
+        let track = tier != Tier::Gpu || !ps.tiers.is_empty();
+        let batch = self.by_shard(blocks);
+        for group in batch.chunk_by(|a, b| a.0 == b.0) {
+            let mut sh = self.shards[group[0].0 as usize].write();
+            // Invariant: a write checks liveness under the shard lock. A
+            // sweep locks every shard after the pod left, so either it sees
+            // this write's bits, or this write sees the pod gone.
+            if slot.state.load(Ordering::Acquire) != live {
+                self.counters.skipped_dead.fetch_add(1, Ordering::Relaxed);
+                return Err(Error::PodShutDown(pod));
+            }
+            let ShardInner {
+                map,
+                slab,
+                residencies,
+            } = &mut *sh;
+            for &(_, h) in group {
+                let holders = map.entry(h).or_insert(Holders::EMPTY);
+                let newly = holders.insert(slab, s);
+                if newly {
+                    *residencies += 1;
+                    slot.blocks.fetch_add(1, Ordering::Relaxed);
+                }
+                if track {
+                    let current = if newly {
+                        0
+                    } else {
+                        ps.tiers.get(&h).copied().unwrap_or(TIER_BITS_GPU)
+                    };
+                    let mask = current | tier_bit;
+                    if mask == TIER_BITS_GPU {
+                        ps.tiers.remove(&h);
+                    } else {
+                        ps.tiers.insert(h, mask);
+                    }
+                }
+            }
+        }
+        self.counters.events_applied.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn remove(&self, pod: PodId, tier: Tier, blocks: &[BlockHash]) -> Result<(), Error> {
+        let slot = self.live_slot(pod)?;
+        let s = pod.slot();
+        let live = state(pod.epoch(), LIVE);
+        let tier_bit = 1u8 << tier as u8;
+        let mut ps = slot.pod.lock();
+        let batch = self.by_shard(blocks);
+        for group in batch.chunk_by(|a, b| a.0 == b.0) {
+            let mut sh = self.shards[group[0].0 as usize].write();
+            if slot.state.load(Ordering::Acquire) != live {
+                self.counters.skipped_dead.fetch_add(1, Ordering::Relaxed);
+                return Err(Error::PodShutDown(pod));
+            }
+            let ShardInner {
+                map,
+                slab,
+                residencies,
+            } = &mut *sh;
+            for &(_, h) in group {
+                let Some(holders) = map.get_mut(&h) else {
+                    continue;
+                };
+                if !holders.contains(slab, s) {
+                    continue;
+                }
+                let current = if ps.tiers.is_empty() {
+                    TIER_BITS_GPU
+                } else {
+                    ps.tiers.get(&h).copied().unwrap_or(TIER_BITS_GPU)
+                };
+                let mask = current & !tier_bit;
+                if mask == current {
+                    continue; // not in that tier: nothing to do
+                }
+                if mask == 0 {
+                    holders.remove(slab, s);
+                    *residencies -= 1;
+                    slot.blocks.fetch_sub(1, Ordering::Relaxed);
+                    if holders.is_empty() {
+                        map.remove(&h);
+                    }
+                    ps.tiers.remove(&h);
+                } else if mask == TIER_BITS_GPU {
+                    ps.tiers.remove(&h);
+                } else {
+                    ps.tiers.insert(h, mask);
+                }
+            }
+        }
+        self.counters.events_applied.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Drops every block of a live pod (an engine's `AllBlocksCleared`).
+    /// Scans every shard: engines reset rarely.
+    fn clear(&self, pod: PodId) -> Result<(), Error> {
+        let slot = self.live_slot(pod)?;
+        let live = state(pod.epoch(), LIVE);
+        let mut ps = slot.pod.lock();
+        let mask = HostBitmap::<W>::single(pod.slot() as usize);
+        for shard in self.shards.iter() {
+            let mut sh = shard.write();
+            if slot.state.load(Ordering::Acquire) != live {
+                self.counters.skipped_dead.fetch_add(1, Ordering::Relaxed);
+                return Err(Error::PodShutDown(pod));
+            }
+            let removed = strip(&mut sh, &mask);
+            slot.blocks.fetch_sub(removed, Ordering::Relaxed);
+        }
+        ps.tiers.clear();
+        self.counters.events_applied.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Clears the bits of every pod waiting for a sweep, drops emptied
+    /// entries, then frees their slots for reuse. Returns the pods swept.
+    ///
+    /// With [`IndexConfig::background_sweep`] this runs on its own; call it
+    /// directly to sweep synchronously.
+    pub fn sweep(&self) -> usize {
+        let batch: Vec<u16> = std::mem::take(&mut *self.pending.lock());
+        if batch.is_empty() {
+            return 0;
+        }
+        self.counters.sweeps_running.fetch_add(1, Ordering::Relaxed);
+        let mask: HostBitmap<W> = batch.iter().map(|&s| s as usize).collect();
+        let mut swept = 0;
+        for shard in self.shards.iter() {
+            swept += strip(&mut shard.write(), &mask);
+        }
+        for &s in &batch {
+            let slot = &self.slots[s as usize];
+            // Taking the pod lock waits out any event still running for it.
+            let mut ps = slot.pod.lock();
+            ps.tiers = HashMap::new();
+            slot.blocks.store(0, Ordering::Relaxed);
+            let old = slot.state.load(Ordering::Acquire);
+            // Invariant: a slot is reusable only after its sweep, and its
+            // next owner gets a new epoch.
+            slot.state.store(
+                state(epoch_of(old).wrapping_add(1), FREE),
+                Ordering::Release,
+            );
+        }
+        self.counters
+            .blocks_swept
+            .fetch_add(swept, Ordering::Relaxed);
+        self.counters.sweeps_running.fetch_sub(1, Ordering::Relaxed);
+        self.counters
+            .sweeps_completed
+            .fetch_add(1, Ordering::Relaxed);
+        batch.len()
+    }
+
+    /// Pods shut down and not yet swept.
+    pub fn pending_sweeps(&self) -> usize {
+        self.pending.lock().len()
+    }
+
+    fn wake_sweeper(&self) {
+        if !self.config.background_sweep {
+            return;
+        }
+        let mut threads = self.sweepers.lock().unwrap_or_else(|e| e.into_inner());
+        if threads.len() < self.config.sweep_threads {
+            let me = self.me.clone();
+            let spawned = std::thread::Builder::new()
+                .name("router-index-sweep".into())
+                .spawn(move || sweeper_loop(me));
+            if let Ok(handle) = spawned {
+                threads.push(handle.thread().clone());
+            }
+        }
+        for t in threads.iter() {
+            t.unpark();
+        }
+    }
+
+    /// Blocks held by a live pod.
+    pub fn pod_blocks(&self, pod: PodId) -> Option<u64> {
+        let slot = self.slots.get(pod.slot() as usize)?;
+        (slot.state.load(Ordering::Acquire) == state(pod.epoch(), LIVE))
+            .then(|| slot.blocks.load(Ordering::Relaxed))
+    }
+
+    /// The counters, with sizes summed over the shards (locks each briefly).
+    pub fn stats(&self) -> IndexStats {
+        let mut st = IndexStats::default();
+        for shard in self.shards.iter() {
+            let sh = shard.read();
+            st.entries += sh.map.len() as u64;
+            st.residencies += sh.residencies;
+            st.bitmap_entries += sh.slab.live() as u64;
+            st.bytes += sh.bytes() as u64;
+        }
+        for slot in self.slots.iter() {
+            let ps = slot.pod.lock();
+            st.bytes += (ps.tiers.capacity() * (std::mem::size_of::<(u64, u8)>() + 1)) as u64;
+        }
+        st.pods_live = self.alive().count() as u64;
+        let c = &self.counters;
+        st.events_applied = c.events_applied.load(Ordering::Relaxed);
+        st.skipped_unknown_pod = c.skipped_unknown.load(Ordering::Relaxed);
+        st.skipped_dead_pod = c.skipped_dead.load(Ordering::Relaxed);
+        st.sweeps_running = c.sweeps_running.load(Ordering::Relaxed);
+        st.sweeps_completed = c.sweeps_completed.load(Ordering::Relaxed);
+        st.blocks_swept = c.blocks_swept.load(Ordering::Relaxed);
+        st
+    }
+
+    /// The pods among `candidates` holding `hash`.
+    #[inline]
+    fn probe(&self, hash: BlockHash, candidates: &HostBitmap<W>) -> HostBitmap<W> {
+        let sh = self.shard(hash).read();
+        match sh.map.get(&hash.0) {
+            Some(h) => h.and(&sh.slab, candidates),
+            None => HostBitmap::EMPTY,
+        }
+    }
+
+    fn emit(&self, pods: &HostBitmap<W>, depth: usize, out: &mut PrefixMatch) {
+        for s in pods.iter() {
+            let epoch = epoch_of(self.slots[s].state.load(Ordering::Acquire));
+            out.push(PodMatch {
+                pod: PodId::new(s as u16, epoch),
+                blocks: depth as u32,
+            });
+        }
+    }
+
+    /// The reference answer: every block probed in order. O(P) per block
+    /// instead of O(K log N) per chain; exact, and for chains that are not
+    /// prefix-closed it reports each pod's *first* missing block.
+    pub fn match_prefix_linear_into(&self, chain: &[BlockHash], out: &mut PrefixMatch) {
+        out.reset(chain.len());
+        let mut cand = self.alive();
+        let mut probes = 0;
+        for (i, &h) in chain.iter().enumerate() {
+            if cand.is_empty() {
+                break;
+            }
+            let held = self.probe(h, &cand);
+            probes += 1;
+            self.emit(&cand.and_not(&held), i, out);
+            cand = held;
+        }
+        self.emit(&cand, chain.len(), out);
+        out.add_probes(probes);
+        out.rank();
+    }
+
+    /// [`Index::match_prefix_linear_into`] into a fresh result.
+    pub fn match_prefix_linear(&self, chain: &[BlockHash]) -> PrefixMatch {
+        let mut out = PrefixMatch::new(chain.len());
+        self.match_prefix_linear_into(chain, &mut out);
+        out
+    }
+
+    /// Scans `lo..hi` block by block for pods known to hold `lo - 1` and not `hi`.
+    fn scan(
+        &self,
+        chain: &[BlockHash],
+        (lo, hi, mut cand): Interval<W>,
+        out: &mut PrefixMatch,
+    ) -> u32 {
+        let mut probes = 0;
+        for i in lo..hi {
+            let held = self.probe(chain[i as usize], &cand);
+            probes += 1;
+            self.emit(&cand.and_not(&held), i as usize, out);
+            cand = held;
+            if cand.is_empty() {
+                return probes;
+            }
+        }
+        self.emit(&cand, hi as usize, out);
+        probes
+    }
+
+    fn match_binary(&self, chain: &[BlockHash], out: &mut PrefixMatch) {
+        out.reset(chain.len());
+        let n = chain.len();
+        if n == 0 {
+            return;
+        }
+        let alive = self.alive();
+        let first = self.probe(chain[0], &alive);
+        let mut probes = 1;
+        if first.is_empty() || n == 1 {
+            self.emit(&first, 1, out);
+            out.add_probes(probes);
+            out.rank();
+            return;
+        }
+        // Deepest block first: full hits (the common case with shared
+        // prompts) are settled in one probe.
+        let full = self.probe(chain[n - 1], &first);
+        probes += 1;
+        self.emit(&full, n, out);
+        let rest = first.and_not(&full);
+        let mut stack: SmallVec<[Interval<W>; 24]> = SmallVec::new();
+        if !rest.is_empty() {
+            // Each interval (lo, hi, pods): the pods hold block lo-1 and not
+            // block hi; their depth lies in lo..=hi.
+            stack.push((1, (n - 1) as u32, rest));
+        }
+        let span = self.config.linear_span as u32;
+        while let Some((lo, hi, cand)) = stack.pop() {
+            if hi - lo <= span {
+                probes += self.scan(chain, (lo, hi, cand), out);
+                continue;
+            }
+            let mid = lo + (hi - lo) / 2;
+            let held = self.probe(chain[mid as usize], &cand);
+            probes += 1;
+            let missing = cand.and_not(&held);
+            if !held.is_empty() {
+                stack.push((mid + 1, hi, held));
+            }
+            if !missing.is_empty() {
+                stack.push((lo, mid, missing));
+            }
+        }
+        out.add_probes(probes);
+        out.rank();
+    }
+}
+
+/// Removes `mask`'s pods from every entry of a shard, dropping emptied
+/// entries. Returns the (block, pod) pairs removed.
+fn strip<const W: usize>(sh: &mut ShardInner<W>, mask: &HostBitmap<W>) -> u64 {
+    let ShardInner {
+        map,
+        slab,
+        residencies,
+    } = sh;
+    let mut removed = 0u64;
+    map.retain(|_, h| {
+        removed += h.remove_mask(slab, mask) as u64;
+        !h.is_empty()
+    });
+    *residencies -= removed;
+    removed
+}
+
+fn sweeper_loop<const W: usize>(me: Weak<Index<W>>) {
+    loop {
+        match me.upgrade() {
+            Some(index) => while index.sweep() > 0 {},
+            None => return,
+        }
+        std::thread::park_timeout(std::time::Duration::from_millis(100));
+    }
+}
+
+impl<const W: usize> PrefixIndex for Index<W> {
+    fn match_prefix_into(&self, chain: &[BlockHash], out: &mut PrefixMatch) {
+        self.match_binary(chain, out);
+    }
+
+    fn tier_counts(&self, pod: PodId, chain: &[BlockHash], depth: usize) -> Option<TierCounts> {
+        let slot = self.slots.get(pod.slot() as usize)?;
+        let ps = slot.pod.lock();
+        if slot.state.load(Ordering::Acquire) != state(pod.epoch(), LIVE) {
+            return None;
+        }
+        let mut counts = TierCounts::default();
+        for h in chain.iter().take(depth) {
+            let mask = ps.tiers.get(&h.0).copied().unwrap_or(TIER_BITS_GPU);
+            for t in Tier::ALL {
+                if mask & (1 << t as u8) != 0 {
+                    counts[t] += 1;
+                }
+            }
+        }
+        Some(counts)
+    }
+}
+
+impl<const W: usize> CacheEventSink for Index<W> {
+    fn apply(&self, event: &CacheEvent) -> Result<(), Error> {
+        match event {
+            CacheEvent::Stored { pod, tier, blocks } => self.store(*pod, *tier, blocks),
+            CacheEvent::Removed { pod, tier, blocks } => self.remove(*pod, *tier, blocks),
+            CacheEvent::Cleared { pod } => self.clear(*pod),
+            CacheEvent::PodShutdown { pod } => self.shutdown(*pod),
+            // `CacheEvent` is non-exhaustive: a kind this index does not
+            // know is refused, not guessed at.
+            #[allow(unreachable_patterns)] // reachable once router-core grows a kind
+            _ => Err(Error::UnknownPod(event.pod())),
+        }
+    }
+}
+
+impl<const W: usize> PodDirectory for Index<W> {
+    fn join(&self, key: &PodKey) -> Result<PodId, Error> {
+        let mut reg = self.registry.lock();
+        if let Some(&id) = reg.by_key.get(key) {
+            return Ok(id);
+        }
+        let free = self
+            .slots
+            .iter()
+            .position(|s| s.state.load(Ordering::Acquire) & 3 == FREE);
+        let Some(s) = free else {
+            return Err(Error::TooManyPods {
+                limit: self.capacity(),
+            });
+        };
+        let slot = &self.slots[s];
+        let epoch = epoch_of(slot.state.load(Ordering::Acquire));
+        slot.state.store(state(epoch, LIVE), Ordering::Release);
+        self.alive[s / 64].fetch_or(1 << (s % 64), Ordering::AcqRel);
+        let id = PodId::new(s as u16, epoch);
+        reg.by_key.insert(key.clone(), id);
+        reg.keys[s] = Some(key.clone());
+        Ok(id)
+    }
+
+    fn pod_id(&self, key: &PodKey) -> Option<PodId> {
+        self.registry.lock().by_key.get(key).copied()
+    }
+
+    fn pod_key(&self, id: PodId) -> Option<PodKey> {
+        let reg = self.registry.lock();
+        let key = reg.keys.get(id.slot() as usize)?.as_ref()?;
+        (reg.by_key.get(key) == Some(&id)).then(|| key.clone())
+    }
+
+    fn shutdown(&self, id: PodId) -> Result<(), Error> {
+        let mut reg = self.registry.lock();
+        let s = id.slot() as usize;
+        let Some(slot) = self.slots.get(s) else {
+            return Err(Error::UnknownPod(id));
+        };
+        let live = state(id.epoch(), LIVE);
+        if slot
+            .state
+            .compare_exchange(
+                live,
+                state(id.epoch(), DRAINING),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_err()
+        {
+            return Err(Error::UnknownPod(id));
+        }
+        // Invariant: once this returns, no query that starts later sees the pod.
+        self.alive[s / 64].fetch_and(!(1 << (s % 64)), Ordering::AcqRel);
+        if let Some(key) = reg.keys[s].take() {
+            reg.by_key.remove(&key);
+        }
+        drop(reg);
+        self.pending.lock().push(id.slot());
+        self.wake_sweeper();
+        Ok(())
+    }
+}

@@ -1,0 +1,75 @@
+//! The sharded bitmap index: "which live pods hold the longest prefix of
+//! this block chain?", answered in about a microsecond while cache events
+//! pour in and pods come and go.
+//!
+//! # The design choice
+//!
+//! Chains are cumulative (see `router-hash`), so a pod holding block `i`
+//! normally holds every block before it, and "longest cached prefix per pod"
+//! is a per-pod binary search. Doing one search per pod costs `P log N`
+//! probes. [`Index`] instead keeps, for every block hash, the *set* of pods
+//! holding it (a [`HostBitmap`]) and searches all pods at once by **binary
+//! partition**: probe the middle block, split the candidate pods into those
+//! that hold it (recurse right) and those that do not (recurse left). A set
+//! of pods dropping off at `K` distinct depths costs `O(K log N)` probes,
+//! whatever `P` is. Each probe locks one of 256 cache-padded shards for
+//! reading and does one hash-map lookup.
+//!
+//! # Invariants
+//!
+//! - **Exact on prefix-closed state**: when each pod's blocks form a prefix
+//!   of the chain, the binary match equals the linear oracle
+//!   ([`Index::match_prefix_linear`]). Otherwise every reported depth `d` is
+//!   still a real boundary: block `d-1` held, block `d` not.
+//! - **Shutdown is immediate**: [`PodDirectory::shutdown`] clears the pod's
+//!   bit in the alive bitmap with one atomic operation; every query started
+//!   after it returns ANDs with that bitmap and cannot report the pod.
+//! - **No inherited bits**: a write checks its slot's liveness and epoch
+//!   while holding the shard lock, and the sweep of a departed pod locks
+//!   every shard after the pod left, so a late event can never leave bits
+//!   for the slot's next owner. A slot is reused only after its sweep, with
+//!   a new epoch.
+//! - **Idempotent events**: storing a held block or removing an absent one
+//!   changes nothing; a stream applied twice gives the same index.
+//! - **Tiers off the hot path**: shards hold presence only; per-pod tier
+//!   records exist only for blocks not held in exactly {GPU}, and a pod's
+//!   bit clears when a block leaves its last tier.
+//!
+//! # Items
+//!
+//! - [`Index`]: implements `PrefixIndex`, `CacheEventSink` and `PodDirectory`
+//!   from `router-core`; [`IndexConfig`], [`IndexStats`].
+//! - [`HostBitmap`]: the fixed-width pod set.
+//!
+//! # Example
+//!
+//! ```
+//! use router_core::{BlockHash, CacheEvent, CacheEventSink, PodDirectory, PodKey, PrefixIndex, Tier};
+//! use router_index::{Index, IndexConfig};
+//!
+//! let index: std::sync::Arc<Index> = Index::new(IndexConfig::default());
+//! let a = index.join(&PodKey::new("http://pod-a:8000", 0))?;
+//! let b = index.join(&PodKey::new("http://pod-b:8000", 0))?;
+//! let chain: Vec<BlockHash> = (1..=8).map(BlockHash).collect();
+//! index.apply(&CacheEvent::Stored { pod: a, tier: Tier::Gpu, blocks: chain[..6].to_vec() })?;
+//! index.apply(&CacheEvent::Stored { pod: b, tier: Tier::Gpu, blocks: chain[..2].to_vec() })?;
+//! let m = index.match_prefix(&chain);
+//! assert_eq!(m.best().map(|p| (p.pod, p.blocks)), Some((a, 6)));
+//! assert_eq!(m.blocks_for(b), 2);
+//! index.shutdown(a)?; // gone from every later query at once
+//! assert_eq!(index.match_prefix(&chain).best().map(|p| p.pod), Some(b));
+//! # Ok::<(), router_core::Error>(())
+//! ```
+#![forbid(unsafe_code)]
+
+mod bitmap;
+mod holders;
+mod index;
+mod shard;
+mod sync;
+
+pub use bitmap::{HostBitmap, Ones};
+pub use index::{Index, IndexConfig, IndexStats};
+
+#[cfg(all(test, router_loom))]
+mod loom_models;

@@ -1,0 +1,92 @@
+//! loom models of the index's two races. Run with
+//! `RUSTFLAGS="--cfg router_loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p router-index --release --lib loom`.
+
+use std::sync::Arc;
+
+use loom::sync::atomic::{AtomicBool, Ordering};
+use router_core::{BlockHash, CacheEvent, CacheEventSink, PodDirectory, PodKey, PrefixIndex, Tier};
+
+use crate::{Index, IndexConfig};
+
+fn small_index() -> Arc<Index<1>> {
+    Index::<1>::new(IndexConfig::default().shard_bits(0).background_sweep(false))
+}
+
+fn key(name: &str) -> PodKey {
+    PodKey::new(name, 0)
+}
+
+/// After `shutdown` returns, no query that starts later reports the pod;
+/// other pods are unaffected throughout.
+#[test]
+fn loom_shutdown_racing_a_query() {
+    loom::model(|| {
+        let index = small_index();
+        let a = index.join(&key("a")).unwrap();
+        let b = index.join(&key("b")).unwrap();
+        let chain = [BlockHash(1)];
+        for pod in [a, b] {
+            index
+                .apply(&CacheEvent::Stored {
+                    pod,
+                    tier: Tier::Gpu,
+                    blocks: chain.to_vec(),
+                })
+                .unwrap();
+        }
+        let done = Arc::new(AtomicBool::new(false));
+        let t = {
+            let (index, done) = (index.clone(), done.clone());
+            loom::thread::spawn(move || {
+                index.shutdown(a).unwrap();
+                done.store(true, Ordering::Release);
+            })
+        };
+        let started_after = done.load(Ordering::Acquire);
+        let m = index.match_prefix(&chain);
+        if started_after {
+            assert_eq!(
+                m.blocks_for(a),
+                0,
+                "a query started after shutdown saw the pod"
+            );
+        }
+        assert_eq!(m.blocks_for(b), 1);
+        t.join().unwrap();
+    });
+}
+
+/// A store for a pod racing its shutdown, sweep and the slot's reuse never
+/// leaves a bit that the slot's next owner inherits.
+#[test]
+fn loom_late_store_racing_shutdown_sweep_and_reuse() {
+    loom::model(|| {
+        let index = small_index();
+        let a = index.join(&key("a")).unwrap();
+        let chain = [BlockHash(7), BlockHash(8)];
+        let writer = {
+            let index = index.clone();
+            loom::thread::spawn(move || {
+                // May land before the shutdown (and be swept) or be refused.
+                let _ = index.apply(&CacheEvent::Stored {
+                    pod: a,
+                    tier: Tier::Gpu,
+                    blocks: chain.to_vec(),
+                });
+            })
+        };
+        index.shutdown(a).unwrap();
+        index.sweep();
+        let b = index.join(&key("b")).unwrap();
+        assert_eq!(b.slot(), a.slot(), "the model reuses the slot");
+        writer.join().unwrap();
+        index.sweep();
+        assert_eq!(
+            index.match_prefix(&chain).blocks_for(b),
+            0,
+            "new owner inherited a bit"
+        );
+        assert_eq!(index.stats().residencies, 0);
+        assert_eq!(index.pod_blocks(b), Some(0));
+    });
+}

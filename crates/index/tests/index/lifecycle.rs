@@ -1,0 +1,220 @@
+//! Pod lifecycle and bad input: defined results, counted skips, no panics.
+
+use router_core::{CacheEvent, CacheEventSink, Error, PodDirectory, PodId, PrefixIndex, Tier};
+use router_index::{Index, IndexConfig};
+
+use super::{chain, join_n, key, manual_index, store};
+
+#[test]
+fn shutdown_hides_at_once_and_sweep_frees_the_slot() {
+    let index = manual_index();
+    let pods = join_n(&index, 2);
+    let c = chain(1, 16);
+    store(&index, pods[0], &c);
+    store(&index, pods[1], &c[..4]);
+    index.shutdown(pods[0]).unwrap();
+    let m = index.match_prefix(&c);
+    assert_eq!(m.pods().len(), 1);
+    assert_eq!(m.blocks_for(pods[1]), 4);
+    // Bits remain until the sweep; the slot is not reusable yet.
+    assert_eq!(index.stats().residencies, 20);
+    assert_eq!(index.pending_sweeps(), 1);
+    assert_eq!(index.pod_id(&key(0)), None);
+    assert_eq!(index.sweep(), 1);
+    let st = index.stats();
+    assert_eq!((st.residencies, st.entries, st.blocks_swept), (4, 4, 16));
+    assert_eq!(st.sweeps_completed, 1);
+    // Re-join: the freed slot comes back with a new epoch.
+    let again = index.join(&key(0)).unwrap();
+    assert_eq!(again.slot(), pods[0].slot());
+    assert_ne!(again.epoch(), pods[0].epoch());
+    assert_eq!(
+        index.match_prefix(&c).blocks_for(again),
+        0,
+        "nothing inherited"
+    );
+}
+
+#[test]
+fn events_for_dead_unknown_or_stale_pods_are_refused_and_counted() {
+    let index = manual_index();
+    let pods = join_n(&index, 1);
+    let c = chain(1, 4);
+    index.shutdown(pods[0]).unwrap();
+    let late = CacheEvent::Stored {
+        pod: pods[0],
+        tier: Tier::Gpu,
+        blocks: c.clone(),
+    };
+    assert_eq!(index.apply(&late), Err(Error::PodShutDown(pods[0])));
+    index.sweep();
+    // After the sweep the old id is stale, even once the slot has a new owner.
+    let new = index.join(&key(9)).unwrap();
+    assert_eq!(new.slot(), pods[0].slot());
+    assert_eq!(index.apply(&late), Err(Error::PodShutDown(pods[0])));
+    assert_eq!(index.match_prefix(&c).blocks_for(new), 0);
+    let never = PodId::new(77, 0);
+    assert_eq!(
+        index.apply(&CacheEvent::Cleared { pod: never }),
+        Err(Error::UnknownPod(never))
+    );
+    let out_of_range = PodId::new(5000, 0);
+    assert!(
+        index
+            .apply(&CacheEvent::Removed {
+                pod: out_of_range,
+                tier: Tier::Gpu,
+                blocks: c
+            })
+            .is_err()
+    );
+    assert_eq!(index.shutdown(never), Err(Error::UnknownPod(never)));
+    assert_eq!(
+        index.shutdown(pods[0]),
+        Err(Error::UnknownPod(pods[0])),
+        "shut down twice"
+    );
+    let st = index.stats();
+    assert_eq!(st.skipped_dead_pod, 2);
+    assert_eq!(st.skipped_unknown_pod, 2);
+    assert_eq!(st.residencies, 0);
+}
+
+#[test]
+fn registering_beyond_the_width_is_a_typed_error() {
+    let index = Index::<1>::new(IndexConfig::default().background_sweep(false));
+    let pods = join_n(&*index, 64);
+    assert_eq!(index.join(&key(64)), Err(Error::TooManyPods { limit: 64 }));
+    assert_eq!(
+        index.join(&key(3)),
+        Ok(pods[3]),
+        "joining twice returns the same id"
+    );
+    index.shutdown(pods[5]).unwrap();
+    assert_eq!(
+        index.join(&key(64)),
+        Err(Error::TooManyPods { limit: 64 }),
+        "not before the sweep"
+    );
+    index.sweep();
+    assert_eq!(index.join(&key(64)).unwrap().slot(), pods[5].slot());
+}
+
+#[test]
+fn wide_bitmaps_hold_1024_pods() {
+    let index = Index::<16>::new(IndexConfig::default().background_sweep(false));
+    let pods = join_n(&*index, 1024);
+    let c = chain(5, 40);
+    for (i, p) in pods.iter().enumerate() {
+        store(&*index, *p, &c[..1 + i % 40]);
+    }
+    let m = index.match_prefix(&c);
+    assert_eq!(m.pods().len(), 1024);
+    assert_eq!(
+        m,
+        index.match_prefix_linear(&c).clone().tap_probes(m.probes())
+    );
+    assert_eq!(m.blocks_for(pods[1023]), 1 + 1023 % 40);
+}
+
+/// Compares ignoring probe counts.
+trait TapProbes {
+    fn tap_probes(self, probes: u32) -> Self;
+}
+
+impl TapProbes for router_core::PrefixMatch {
+    fn tap_probes(self, probes: u32) -> Self {
+        let mut out = router_core::PrefixMatch::new(self.chain_len());
+        for p in self.pods() {
+            out.push(*p);
+        }
+        out.add_probes(probes);
+        out
+    }
+}
+
+#[test]
+fn clear_drops_only_that_pod() {
+    let index = manual_index();
+    let pods = join_n(&index, 2);
+    let c = chain(1, 8);
+    store(&index, pods[0], &c);
+    store(&index, pods[1], &c);
+    index.apply(&CacheEvent::Cleared { pod: pods[0] }).unwrap();
+    let m = index.match_prefix(&c);
+    assert_eq!((m.blocks_for(pods[0]), m.blocks_for(pods[1])), (0, 8));
+    assert_eq!(index.pod_blocks(pods[0]), Some(0));
+    assert_eq!(index.pod_blocks(pods[1]), Some(8));
+    store(&index, pods[0], &c[..2]);
+    assert_eq!(
+        index.match_prefix(&c).blocks_for(pods[0]),
+        2,
+        "still live after a clear"
+    );
+}
+
+#[test]
+fn empty_and_overlong_chains_and_absent_removes() {
+    let index = manual_index();
+    let pods = join_n(&index, 1);
+    let c = chain(1, 8);
+    assert!(index.match_prefix(&[]).is_empty());
+    assert!(index.match_prefix(&c).is_empty());
+    store(&index, pods[0], &c[..3]);
+    let long = chain(1, 5000);
+    assert_eq!(index.match_prefix(&long).blocks_for(pods[0]), 3);
+    index
+        .apply(&CacheEvent::Removed {
+            pod: pods[0],
+            tier: Tier::Gpu,
+            blocks: chain(9, 4),
+        })
+        .unwrap();
+    index
+        .apply(&CacheEvent::Stored {
+            pod: pods[0],
+            tier: Tier::Gpu,
+            blocks: vec![],
+        })
+        .unwrap();
+    assert_eq!(index.stats().residencies, 3);
+}
+
+#[test]
+fn background_sweep_runs_on_its_own() {
+    let index = Index::<4>::new(IndexConfig::default());
+    let pods = join_n(&index, 3);
+    let c = chain(1, 1000);
+    for p in &pods {
+        store(&index, *p, &c);
+    }
+    index
+        .apply(&CacheEvent::PodShutdown { pod: pods[1] })
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while index.stats().residencies != 2000 {
+        assert!(std::time::Instant::now() < deadline, "the sweep never ran");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert_eq!(index.stats().sweeps_running, 0);
+    assert_eq!(index.pod_key(pods[0]), Some(key(0)));
+    assert_eq!(index.pod_key(pods[1]), None);
+}
+
+#[test]
+fn stats_count_entries_residencies_and_bitmaps() {
+    let index = manual_index();
+    let pods = join_n(&index, 8);
+    let c = chain(1, 10);
+    for p in &pods {
+        store(&index, *p, &c[..5]);
+    }
+    store(&index, pods[0], &c[5..]);
+    let st = index.stats();
+    assert_eq!(
+        (st.entries, st.residencies, st.bitmap_entries, st.pods_live),
+        (10, 45, 5, 8)
+    );
+    assert!(st.bytes > 0);
+    assert_eq!(st.events_applied, 9);
+}

@@ -1,0 +1,149 @@
+//! The binary partition against the linear oracle and the boundary property.
+
+use std::collections::HashMap;
+
+use proptest::prelude::*;
+use router_core::{BlockHash, CacheEvent, CacheEventSink, PodDirectory, PrefixIndex, Tier};
+use router_index::{Index, IndexConfig};
+
+use super::{chain, join_n, manual_index, store};
+
+fn config(linear_span: usize, shard_bits: u32) -> IndexConfig {
+    IndexConfig::default()
+        .background_sweep(false)
+        .linear_span(linear_span)
+        .shard_bits(shard_bits)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    /// Prefix-closed state: binary equals linear equals the depths stored.
+    #[test]
+    fn binary_equals_linear_on_prefix_closed_state(
+        n in 1usize..80,
+        depths in prop::collection::vec(0usize..=80, 1..20),
+        noise in prop::collection::vec((0usize..20, 1usize..40), 0..10),
+        span in 0usize..6, bits in 0u32..9,
+    ) {
+        let index = Index::<4>::new(config(span, bits));
+        let pods = join_n(&index, depths.len());
+        let c = chain(1, n);
+        let mut want = HashMap::new();
+        for (pod, &d) in pods.iter().zip(&depths) {
+            let d = d.min(n);
+            store(&index, *pod, &c[..d]);
+            if d > 0 {
+                want.insert(*pod, d as u32);
+            }
+        }
+        // Unrelated chains on random pods must not disturb the answer.
+        for (p, len) in noise {
+            store(&index, pods[p % pods.len()], &chain(2 + p as u64, len));
+        }
+        let bin = index.match_prefix(&c);
+        let lin = index.match_prefix_linear(&c);
+        prop_assert_eq!(bin.pods(), lin.pods());
+        let got: HashMap<_, _> = bin.pods().iter().map(|m| (m.pod, m.blocks)).collect();
+        prop_assert_eq!(got, want);
+        let ranked: Vec<u32> = bin.pods().iter().map(|m| m.blocks).collect();
+        prop_assert!(ranked.windows(2).all(|w| w[0] >= w[1]), "ranked longest first");
+    }
+
+    /// Arbitrary state: every reported depth is a true boundary, every pod
+    /// holding block 0 is reported, and dead pods never are.
+    #[test]
+    fn reported_depths_are_boundaries_and_dead_pods_are_never_reported(
+        n in 1usize..60,
+        held in prop::collection::vec(prop::collection::vec(any::<bool>(), 60), 1..12),
+        dead in prop::collection::vec(any::<bool>(), 12),
+        span in 0usize..6,
+    ) {
+        let index = Index::<4>::new(config(span, 8));
+        let pods = join_n(&index, held.len());
+        let c = chain(7, n);
+        for (pod, mask) in pods.iter().zip(&held) {
+            let blocks: Vec<BlockHash> =
+                c.iter().zip(mask).filter(|(_, h)| **h).map(|(b, _)| *b).collect();
+            store(&index, *pod, &blocks);
+        }
+        for (pod, &d) in pods.iter().zip(&dead) {
+            if d {
+                index.shutdown(*pod).unwrap();
+            }
+        }
+        for m in [index.match_prefix(&c), index.match_prefix_linear(&c)] {
+            for pm in m.pods() {
+                let p = pods.iter().position(|x| *x == pm.pod).expect("a known pod");
+                prop_assert!(!dead[p], "dead pod {:?} reported", pm.pod);
+                let d = pm.blocks as usize;
+                prop_assert!(d >= 1 && held[p][d - 1], "block {} not held by {:?}", d - 1, pm.pod);
+                prop_assert!(d == n || !held[p][d], "block {} held by {:?}: not a boundary", d, pm.pod);
+            }
+            for (p, pod) in pods.iter().enumerate() {
+                let reported = m.blocks_for(*pod) > 0;
+                prop_assert_eq!(reported, !dead[p] && held[p][0]);
+            }
+        }
+    }
+
+    /// Applying a stream twice, or with duplicates, gives the same index.
+    #[test]
+    fn events_are_idempotent(
+        ops in prop::collection::vec((0usize..4, any::<bool>(), 0u64..3, 0usize..20, 1usize..12), 1..40),
+    ) {
+        let once = manual_index();
+        let twice = manual_index();
+        let pods = join_n(&once, 4);
+        let pods2 = join_n(&twice, 4);
+        prop_assert_eq!(&pods, &pods2);
+        let events: Vec<CacheEvent> = ops
+            .iter()
+            .map(|&(p, stored, seed, from, len)| {
+                let blocks = chain(seed, from + len)[from..].to_vec();
+                if stored {
+                    CacheEvent::Stored { pod: pods[p], tier: Tier::Gpu, blocks }
+                } else {
+                    CacheEvent::Removed { pod: pods[p], tier: Tier::Gpu, blocks }
+                }
+            })
+            .collect();
+        for e in &events {
+            once.apply(e).unwrap();
+        }
+        for e in events.iter().chain(&events) {
+            twice.apply(e).unwrap();
+            twice.apply(e).unwrap();
+        }
+        let (a, b) = (once.stats(), twice.stats());
+        prop_assert_eq!((a.entries, a.residencies), (b.entries, b.residencies));
+        for seed in 0..3 {
+            let c = chain(seed, 32);
+            prop_assert_eq!(once.match_prefix_linear(&c), twice.match_prefix_linear(&c));
+        }
+    }
+}
+
+#[test]
+fn probes_grow_with_distinct_depths_not_with_pods() {
+    let index = Index::<4>::new(config(4, 8));
+    let pods = join_n(&index, 256);
+    let c = chain(3, 1024);
+    // 256 pods, 4 distinct depths.
+    for (i, pod) in pods.iter().enumerate() {
+        store(&index, *pod, &c[..[100, 400, 700, 1000][i % 4]]);
+    }
+    let bin = index.match_prefix(&c);
+    let lin = index.match_prefix_linear(&c);
+    assert_eq!(bin.pods(), lin.pods());
+    assert_eq!(bin.pods().len(), 256);
+    assert!(
+        bin.probes() <= 4 * 12,
+        "binary used {} probes",
+        bin.probes()
+    );
+    assert_eq!(lin.probes(), 1001, "linear walks to the deepest drop-off");
+    // A full hit costs two probes: first and last block.
+    let full = index.match_prefix(&c[..100]);
+    assert_eq!((full.probes(), full.pods().len()), (2, 256));
+}
