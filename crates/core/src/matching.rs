@@ -33,6 +33,7 @@ impl PrefixMatch {
     }
 
     /// Clears the result for a new query of `chain_len` blocks, keeping capacity.
+    #[inline]
     pub fn reset(&mut self, chain_len: usize) {
         self.pods.clear();
         self.chain_len = chain_len;
@@ -40,10 +41,20 @@ impl PrefixMatch {
     }
 
     /// Adds a pod's match. Matches of zero blocks are dropped.
+    #[inline]
     pub fn push(&mut self, m: PodMatch) {
         if m.blocks > 0 {
             self.pods.push(m);
         }
+    }
+
+    /// Adds many pods' matches at once (zero-block matches are dropped).
+    /// Indexes that produce pods already ranked append with this and skip
+    /// [`PrefixMatch::rank`].
+    #[inline]
+    pub fn extend<I: IntoIterator<Item = PodMatch>>(&mut self, matches: I) {
+        self.pods
+            .extend(matches.into_iter().filter(|m| m.blocks > 0));
     }
 
     /// Sorts pods longest match first, ties by slot.
@@ -53,21 +64,25 @@ impl PrefixMatch {
     }
 
     /// Records `n` more index probes spent on this query.
+    #[inline]
     pub fn add_probes(&mut self, n: u32) {
         self.probes = self.probes.saturating_add(n);
     }
 
     /// The pods with their matched blocks, ranked.
+    #[inline]
     pub fn pods(&self) -> &[PodMatch] {
         &self.pods
     }
 
     /// The pod with the longest match, if any pod matched.
+    #[inline]
     pub fn best(&self) -> Option<PodMatch> {
         self.pods.first().copied()
     }
 
     /// The blocks matched by `pod`, 0 when it holds none of the chain.
+    #[inline]
     pub fn blocks_for(&self, pod: PodId) -> u32 {
         self.pods
             .iter()
@@ -76,16 +91,19 @@ impl PrefixMatch {
     }
 
     /// The length of the queried chain.
+    #[inline]
     pub fn chain_len(&self) -> usize {
         self.chain_len
     }
 
     /// The index probes the query spent (0 if the index does not count).
+    #[inline]
     pub fn probes(&self) -> u32 {
         self.probes
     }
 
     /// True when no pod holds even the first block.
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.pods.is_empty()
     }

@@ -57,16 +57,19 @@ pub struct PodId {
 
 impl PodId {
     /// The pod in `slot` during its `epoch`-th ownership.
+    #[inline]
     pub const fn new(slot: u16, epoch: u32) -> Self {
         PodId { slot, epoch }
     }
 
     /// The bitmap slot.
+    #[inline]
     pub const fn slot(self) -> u16 {
         self.slot
     }
 
     /// How many owners the slot had before this one.
+    #[inline]
     pub const fn epoch(self) -> u32 {
         self.epoch
     }

@@ -152,7 +152,17 @@ impl<const W: usize> Iterator for Ones<W> {
         }
         None
     }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let n = self.words[self.word.min(W)..]
+            .iter()
+            .map(|w| w.count_ones() as usize)
+            .sum();
+        (n, Some(n))
+    }
 }
+
+impl<const W: usize> ExactSizeIterator for Ones<W> {}
 
 impl<const W: usize> FromIterator<usize> for HostBitmap<W> {
     fn from_iter<I: IntoIterator<Item = usize>>(iter: I) -> Self {

@@ -1,0 +1,413 @@
+//! Side-by-side comparison of router-index and the peer indexes.
+//!
+//! ```sh
+//! cargo run --release -p router-bench --features peers --bin compare -- [--quick] [--only W1,W2,W3,W4]
+//! ```
+//!
+//! Every subject runs the same seeded workloads in one process, one after
+//! the other, and sampled query answers are compared across subjects.
+//! Without the `peers` feature only router-index runs.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::Instant;
+
+use router_bench::quantile_us;
+use router_bench::subject::{Ours, Subject};
+use router_bench::workload::{self, Op, Rng, Workload};
+
+/// Counts live heap bytes, to measure each index's memory.
+struct Counting;
+
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: every method forwards to `System` with the caller's arguments,
+// which uphold `GlobalAlloc`'s contract; the counter has no effect on the
+// memory handed out.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: forwarded unchanged; the caller upholds `alloc`'s contract.
+        let p = unsafe { System.alloc(layout) };
+        if !p.is_null() {
+            LIVE.fetch_add(layout.size(), Ordering::Relaxed);
+        }
+        p
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from this allocator with this layout.
+        unsafe { System.dealloc(ptr, layout) };
+        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: forwarded unchanged; the caller upholds `realloc`'s contract.
+        let p = unsafe { System.realloc(ptr, layout, new_size) };
+        if !p.is_null() {
+            LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+            LIVE.fetch_add(new_size, Ordering::Relaxed);
+        }
+        p
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+type Factory = fn(usize) -> Box<dyn Subject>;
+
+fn subjects() -> Vec<(&'static str, Factory)> {
+    #[allow(unused_mut)] // only the `peers` feature adds to it
+    let mut v: Vec<(&'static str, Factory)> = vec![("router-index", |p| Box::new(Ours::new(p)))];
+    #[cfg(feature = "peers")]
+    {
+        use router_bench::subject::{Dynamo, KvIndex};
+        v.push(("kv-index ChainIndex", |p| Box::new(KvIndex::new(p))));
+        v.push(("Dynamo CRTC", |p| Box::new(Dynamo::new(p))));
+    }
+    v
+}
+
+/// What one subject did on one workload.
+#[derive(Default)]
+struct Outcome {
+    name: &'static str,
+    query_ns: Vec<u64>,
+    setup_blocks: u64,
+    setup_events: u64,
+    setup_secs: f64,
+    run_events: u64,
+    run_blocks: u64,
+    run_secs: f64,
+    bytes: i64,
+    residencies: u64,
+    answers: Vec<Vec<(u32, u32)>>,
+}
+
+/// Runs a workload: setup (timed as a whole), then the run phase with every
+/// query timed alone. Answers of every `sample`-th query are kept.
+fn run(w: &Workload, make: Factory, sample: usize) -> Outcome {
+    let before = LIVE.load(Ordering::Relaxed) as i64;
+    let s = make(w.pods);
+    let mut o = Outcome {
+        name: s.name(),
+        ..Outcome::default()
+    };
+    let t = Instant::now();
+    for op in &w.setup {
+        apply(&*s, w, op, &mut o.setup_blocks);
+        o.setup_events += 1;
+    }
+    s.flush();
+    o.setup_secs = t.elapsed().as_secs_f64();
+    o.bytes = LIVE.load(Ordering::Relaxed) as i64 - before;
+    o.residencies = o.setup_blocks;
+    let mut out = Vec::new();
+    let t = Instant::now();
+    let mut queries = 0usize;
+    let mut pending = false;
+    for op in &w.run {
+        match op {
+            Op::Query { chain } => {
+                if pending {
+                    s.flush(); // asynchronous indexes answer on applied state
+                    pending = false;
+                }
+                out.clear();
+                let c = &w.chains[*chain as usize];
+                let q = Instant::now();
+                s.query(c, &mut out);
+                o.query_ns.push(q.elapsed().as_nanos() as u64);
+                if queries % sample == 0 {
+                    let mut a = out.clone();
+                    a.sort_unstable();
+                    o.answers.push(a);
+                }
+                queries += 1;
+            }
+            _ => {
+                apply(&*s, w, op, &mut o.run_blocks);
+                o.run_events += 1;
+                pending = true;
+            }
+        }
+    }
+    s.flush();
+    o.run_secs = t.elapsed().as_secs_f64();
+    o.query_ns.sort_unstable();
+    drop(s);
+    o
+}
+
+fn apply(s: &dyn Subject, w: &Workload, op: &Op, blocks: &mut u64) {
+    match op {
+        Op::Store {
+            pod,
+            chain,
+            from,
+            to,
+        } => {
+            s.store(
+                *pod,
+                &w.chains[*chain as usize],
+                *from as usize,
+                *to as usize,
+            );
+            *blocks += (*to - *from) as u64;
+        }
+        Op::Remove {
+            pod,
+            chain,
+            positions,
+        } => {
+            s.remove(*pod, &w.chains[*chain as usize], positions);
+            *blocks += positions.len() as u64;
+        }
+        Op::Query { .. } => {}
+    }
+}
+
+/// How many sampled answers differ from the first subject's.
+fn disagreements(outcomes: &[Outcome]) -> Vec<usize> {
+    let base = &outcomes[0].answers;
+    outcomes
+        .iter()
+        .map(|o| o.answers.iter().zip(base).filter(|(a, b)| a != b).count())
+        .collect()
+}
+
+fn us(x: f64) -> String {
+    if x >= 100.0 {
+        format!("{x:.0}")
+    } else if x >= 10.0 {
+        format!("{x:.1}")
+    } else {
+        format!("{x:.2}")
+    }
+}
+
+fn query_table(title: &str, outcomes: &[Outcome], extra: &[(&str, Vec<String>)]) {
+    let agree = disagreements(outcomes);
+    println!("\n### {title}\n");
+    let mut head = "| index | query p50 (us) | query p99 (us) |".to_string();
+    let mut rule = "|---|---:|---:|".to_string();
+    for (h, _) in extra {
+        head.push_str(&format!(" {h} |"));
+        rule.push_str("---:|");
+    }
+    head.push_str(" sampled answers differing from router-index |");
+    rule.push_str("---:|");
+    println!("{head}\n{rule}");
+    for (i, o) in outcomes.iter().enumerate() {
+        let mut row = format!(
+            "| {} | {} | {} |",
+            o.name,
+            us(quantile_us(&o.query_ns, 0.5)),
+            us(quantile_us(&o.query_ns, 0.99))
+        );
+        for (_, col) in extra {
+            row.push_str(&format!(" {} |", col[i]));
+        }
+        row.push_str(&format!(" {} of {} |", agree[i], o.answers.len()));
+        println!("{row}");
+    }
+}
+
+fn w1(quick: bool) {
+    let w = workload::w1(1, if quick { 4_000 } else { 40_000 });
+    let outcomes: Vec<Outcome> = subjects()
+        .into_iter()
+        .map(|(_, f)| run(&w, f, 16))
+        .collect();
+    let stores: Vec<String> = outcomes
+        .iter()
+        .map(|o| format!("{:.1} M", o.setup_blocks as f64 / o.setup_secs / 1e6))
+        .collect();
+    let events: Vec<String> = outcomes
+        .iter()
+        .map(|o| format!("{:.2} M", o.setup_events as f64 / o.setup_secs / 1e6))
+        .collect();
+    let bytes: Vec<String> = outcomes
+        .iter()
+        .map(|o| format!("{:.1}", o.bytes as f64 / o.residencies as f64))
+        .collect();
+    query_table(
+        &w.name,
+        &outcomes,
+        &[
+            ("stored blocks/s", stores),
+            ("store events/s (16 blocks)", events),
+            ("bytes per (block, pod)", bytes),
+        ],
+    );
+}
+
+fn w2(quick: bool) {
+    let ns: &[usize] = if quick { &[1024] } else { &[32, 1024, 4096] };
+    for &n in ns {
+        for k in [1usize, 8, 64] {
+            if k > n {
+                continue;
+            }
+            let w = workload::w2(2, n, k, if quick { 300 } else { 3_000 });
+            let outcomes: Vec<Outcome> = subjects()
+                .into_iter()
+                .map(|(_, f)| run(&w, f, 50))
+                .collect();
+            let bytes: Vec<String> = outcomes
+                .iter()
+                .map(|o| format!("{:.2}", o.bytes as f64 / o.residencies as f64))
+                .collect();
+            query_table(&w.name, &outcomes, &[("bytes per (block, pod)", bytes)]);
+        }
+    }
+}
+
+fn w3(quick: bool) {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../assets/traces/synthetic_trace.jsonl"
+    );
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) => {
+            println!("\nW3 skipped: cannot read {path}: {e}");
+            return;
+        }
+    };
+    let (mut reqs, bad) = workload::read_trace(&text);
+    if quick {
+        reqs.truncate(4_000);
+    }
+    let w = workload::w3(&reqs, 8, 4096);
+    let outcomes: Vec<Outcome> = subjects().into_iter().map(|(_, f)| run(&w, f, 8)).collect();
+    let events: Vec<String> = outcomes
+        .iter()
+        .map(|o| format!("{:.2} M", o.run_blocks as f64 / o.run_secs / 1e6))
+        .collect();
+    query_table(
+        &format!("{} ({bad} unreadable lines)", w.name),
+        &outcomes,
+        &[("blocks applied/s incl. queries", events)],
+    );
+}
+
+/// W4: a writer thread applies store/remove events of W1 at full speed
+/// while the main thread queries.
+fn w4(quick: bool) {
+    let w = Arc::new(workload::w1(4, if quick { 4_000 } else { 40_000 }));
+    let mut outcomes = Vec::new();
+    let mut writer_rates = Vec::new();
+    for (_, make) in subjects() {
+        let s: Arc<dyn Subject> = Arc::from(make(w.pods));
+        for op in &w.setup {
+            apply(&*s, &w, op, &mut 0);
+        }
+        s.flush();
+        let stop = Arc::new(AtomicBool::new(false));
+        let applied = Arc::new(AtomicU64::new(0));
+        let writer = {
+            let (s, w, stop, applied) = (s.clone(), w.clone(), stop.clone(), applied.clone());
+            std::thread::spawn(move || {
+                let mut rng = Rng::new(9);
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let chain = rng.below(4000) as usize;
+                    let pod = rng.below(w.pods as u64) as u32;
+                    let c = &w.chains[chain];
+                    if rng.below(2) == 0 {
+                        for from in (0..c.len()).step_by(16) {
+                            s.store(pod, c, from, (from + 16).min(c.len()));
+                        }
+                    } else {
+                        let positions: Vec<u32> = (64..c.len() as u32).collect();
+                        s.remove(pod, c, &positions);
+                    }
+                    n += 1;
+                    if n % 64 == 0 {
+                        s.flush(); // keeps an asynchronous index's queue bounded
+                        applied.store(n, Ordering::Relaxed);
+                    }
+                }
+                applied.store(n, Ordering::Relaxed);
+            })
+        };
+        let mut o = Outcome {
+            name: s.name(),
+            ..Outcome::default()
+        };
+        let mut out = Vec::new();
+        // Query for a fixed time, cycling through W1's queries, so the
+        // writer runs the whole time whatever the query speed.
+        let span = std::time::Duration::from_millis(if quick { 300 } else { 2000 });
+        let t = Instant::now();
+        'outer: loop {
+            for op in &w.run {
+                if let Op::Query { chain } = op {
+                    out.clear();
+                    let q = Instant::now();
+                    s.query(&w.chains[*chain as usize], &mut out);
+                    o.query_ns.push(q.elapsed().as_nanos() as u64);
+                }
+                if o.query_ns.len() % 1024 == 0 && t.elapsed() >= span {
+                    break 'outer;
+                }
+            }
+        }
+        let secs = t.elapsed().as_secs_f64();
+        stop.store(true, Ordering::Relaxed);
+        writer.join().expect("writer thread");
+        o.query_ns.sort_unstable();
+        writer_rates.push(format!(
+            "{:.0} k",
+            applied.load(Ordering::Relaxed) as f64 / secs / 1e3
+        ));
+        outcomes.push(o);
+    }
+    println!("\n### W4 concurrent: reader latency under a full-speed writer\n");
+    println!(
+        "| index | reader p50 (us) | reader p99 (us) | writer events/s (store 8x16 blocks or remove 64) |"
+    );
+    println!("|---|---:|---:|---:|");
+    for (o, r) in outcomes.iter().zip(writer_rates) {
+        println!(
+            "| {} | {} | {} | {} |",
+            o.name,
+            us(quantile_us(&o.query_ns, 0.5)),
+            us(quantile_us(&o.query_ns, 0.99)),
+            r
+        );
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let only: Option<Vec<String>> = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1))
+        .map(|s| s.split(',').map(str::to_owned).collect());
+    let want = |w: &str| only.as_ref().is_none_or(|o| o.iter().any(|x| x == w));
+    println!(
+        "subjects: {}",
+        subjects()
+            .iter()
+            .map(|(n, _)| *n)
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    if want("W1") {
+        w1(quick);
+    }
+    if want("W2") {
+        w2(quick);
+    }
+    if want("W3") {
+        w3(quick);
+    }
+    if want("W4") {
+        w4(quick);
+    }
+}
