@@ -9,10 +9,12 @@ use router_core::{
 };
 use smallvec::SmallVec;
 
+use crossbeam_utils::CachePadded;
+
 use crate::bitmap::HostBitmap;
-use crate::holders::Holders;
-use crate::shard::{Shard, ShardInner, shard_of};
-use crate::sync::{AtomicU64, Mutex, Ordering, RwLock};
+use crate::shard::shard_of;
+use crate::sync::{AtomicU64, Mutex, Ordering};
+use crate::table::Shard;
 
 /// How an [`Index`] is laid out and run.
 #[derive(Clone, Debug)]
@@ -159,7 +161,7 @@ type Interval<const W: usize> = (u32, u32, HostBitmap<W>);
 /// the design and its invariants.
 #[derive(Debug)]
 pub struct Index<const W: usize = 4> {
-    shards: Box<[Shard<W>]>,
+    shards: Box<[CachePadded<Shard<W>>]>,
     shard_bits: u32,
     alive: Box<[AtomicU64]>,
     /// Per slot: `epoch << 2 | phase`.
@@ -185,7 +187,7 @@ impl<const W: usize> Index<W> {
             ..config
         };
         let shards = (0..1usize << config.shard_bits)
-            .map(|_| Shard::new(RwLock::new(ShardInner::default())))
+            .map(|_| CachePadded::new(Shard::default()))
             .collect();
         let slots = (0..HostBitmap::<W>::CAPACITY)
             .map(|_| Slot {
@@ -228,7 +230,7 @@ impl<const W: usize> Index<W> {
     }
 
     #[inline]
-    fn shard(&self, hash: BlockHash) -> &Shard<W> {
+    fn shard(&self, hash: BlockHash) -> &CachePadded<Shard<W>> {
         &self.shards[shard_of(hash.0, self.shard_bits)]
     }
 
@@ -276,7 +278,7 @@ impl<const W: usize> Index<W> {
         let track = tier != Tier::Gpu || !ps.tiers.is_empty();
         let batch = self.by_shard(blocks);
         for group in batch.chunk_by(|a, b| a.0 == b.0) {
-            let mut sh = self.shards[group[0].0 as usize].write();
+            let mut w = self.shards[group[0].0 as usize].write();
             // Invariant: a write checks liveness under the shard lock. A
             // sweep locks every shard after the pod left, so either it sees
             // this write's bits, or this write sees the pod gone.
@@ -284,16 +286,9 @@ impl<const W: usize> Index<W> {
                 self.counters.skipped_dead.fetch_add(1, Ordering::Relaxed);
                 return Err(Error::PodShutDown(pod));
             }
-            let ShardInner {
-                map,
-                slab,
-                residencies,
-            } = &mut *sh;
             for &(_, h) in group {
-                let holders = map.entry(h).or_insert(Holders::EMPTY);
-                let newly = holders.insert(slab, s);
+                let newly = w.add(h, s);
                 if newly {
-                    *residencies += 1;
                     slot.blocks.fetch_add(1, Ordering::Relaxed);
                 }
                 if track {
@@ -325,21 +320,13 @@ impl<const W: usize> Index<W> {
         let mut ps = slot.pod.lock();
         let batch = self.by_shard(blocks);
         for group in batch.chunk_by(|a, b| a.0 == b.0) {
-            let mut sh = self.shards[group[0].0 as usize].write();
+            let mut w = self.shards[group[0].0 as usize].write();
             if st.load(Ordering::Acquire) != live {
                 self.counters.skipped_dead.fetch_add(1, Ordering::Relaxed);
                 return Err(Error::PodShutDown(pod));
             }
-            let ShardInner {
-                map,
-                slab,
-                residencies,
-            } = &mut *sh;
             for &(_, h) in group {
-                let Some(holders) = map.get_mut(&h) else {
-                    continue;
-                };
-                if !holders.contains(slab, s) {
+                if !w.holds(h, s) {
                     continue;
                 }
                 let current = if ps.tiers.is_empty() {
@@ -352,12 +339,8 @@ impl<const W: usize> Index<W> {
                     continue; // not in that tier: nothing to do
                 }
                 if mask == 0 {
-                    holders.remove(slab, s);
-                    *residencies -= 1;
+                    w.drop_holder(h, s);
                     slot.blocks.fetch_sub(1, Ordering::Relaxed);
-                    if holders.is_empty() {
-                        map.remove(&h);
-                    }
                     ps.tiers.remove(&h);
                 } else if mask == TIER_BITS_GPU {
                     ps.tiers.remove(&h);
@@ -383,7 +366,7 @@ impl<const W: usize> Index<W> {
                 self.counters.skipped_dead.fetch_add(1, Ordering::Relaxed);
                 return Err(Error::PodShutDown(pod));
             }
-            let removed = strip(&mut sh, &mask);
+            let removed = sh.strip(&mask);
             slot.blocks.fetch_sub(removed, Ordering::Relaxed);
         }
         ps.tiers.clear();
@@ -405,7 +388,7 @@ impl<const W: usize> Index<W> {
         let mask: HostBitmap<W> = batch.iter().map(|&s| s as usize).collect();
         let mut swept = 0;
         for shard in self.shards.iter() {
-            swept += strip(&mut shard.write(), &mask);
+            swept += shard.write().strip(&mask);
         }
         for &s in &batch {
             let slot = &self.slots[s as usize];
@@ -468,11 +451,13 @@ impl<const W: usize> Index<W> {
     pub fn stats(&self) -> IndexStats {
         let mut st = IndexStats::default();
         for shard in self.shards.iter() {
-            let sh = shard.read();
-            st.entries += sh.map.len() as u64;
-            st.residencies += sh.residencies;
-            st.bitmap_entries += sh.slab.live() as u64;
-            st.bytes += sh.bytes() as u64;
+            let mut w = shard.write();
+            let ws = w.state();
+            st.entries += ws.entries;
+            st.residencies += ws.residencies;
+            st.bitmap_entries += ws.bitmaps() as u64;
+            drop(w);
+            st.bytes += shard.bytes() as u64;
         }
         for slot in self.slots.iter() {
             let ps = slot.pod.lock();
@@ -492,11 +477,7 @@ impl<const W: usize> Index<W> {
     /// The pods among `candidates` holding `hash`.
     #[inline]
     fn probe(&self, hash: BlockHash, candidates: &HostBitmap<W>) -> HostBitmap<W> {
-        let sh = self.shard(hash).read();
-        match sh.map.get(&hash.0) {
-            Some(h) => h.and(&sh.slab, candidates),
-            None => HostBitmap::EMPTY,
-        }
+        self.shard(hash).probe(hash.0, candidates)
     }
 
     #[inline]
@@ -576,17 +557,23 @@ impl<const W: usize> Index<W> {
             return;
         }
         let alive = self.alive();
-        let first = self.probe(chain[0], &alive);
-        let mut probes = 1;
-        if first.is_empty() || n == 1 {
+        if n == 1 {
+            let first = self.probe(chain[0], &alive);
             self.emit(&first, 1, out);
+            out.add_probes(1);
+            return;
+        }
+        // First and deepest block together: the two probes do not depend on
+        // each other, so their memory latencies overlap, and full hits (the
+        // common case with shared prompts) are settled in this one round.
+        let first = self.probe(chain[0], &alive);
+        let last = self.probe(chain[n - 1], &alive);
+        let mut probes = 2;
+        if first.is_empty() {
             out.add_probes(probes);
             return;
         }
-        // Deepest block first: full hits (the common case with shared
-        // prompts) are settled in one probe.
-        let full = self.probe(chain[n - 1], &first);
-        probes += 1;
+        let full = last.and(&first);
         self.emit(&full, n, out);
         let rest = first.and_not(&full);
         let mut stack: SmallVec<[Interval<W>; 24]> = SmallVec::new();
@@ -622,23 +609,6 @@ impl<const W: usize> Index<W> {
             "binary partition emits ranked results"
         );
     }
-}
-
-/// Removes `mask`'s pods from every entry of a shard, dropping emptied
-/// entries. Returns the (block, pod) pairs removed.
-fn strip<const W: usize>(sh: &mut ShardInner<W>, mask: &HostBitmap<W>) -> u64 {
-    let ShardInner {
-        map,
-        slab,
-        residencies,
-    } = sh;
-    let mut removed = 0u64;
-    map.retain(|_, h| {
-        removed += h.remove_mask(slab, mask) as u64;
-        !h.is_empty()
-    });
-    *residencies -= removed;
-    removed
 }
 
 fn sweeper_loop<const W: usize>(me: Weak<Index<W>>) {

@@ -90,3 +90,63 @@ fn loom_late_store_racing_shutdown_sweep_and_reuse() {
         assert_eq!(index.pod_blocks(b), Some(0));
     });
 }
+
+/// Five entries in one bucket: the next insert crosses the load factor.
+#[cfg(test)]
+fn five_entry_shard() -> Arc<crate::table::Shard<1>> {
+    let shard = Arc::new(crate::table::Shard::<1>::default());
+    let mut w = shard.write();
+    for key in 1..=5u64 {
+        w.add(key, 0);
+    }
+    drop(w);
+    shard
+}
+
+/// A seqlock reader racing a writer that updates an entry sees it as it
+/// was before or after the write, never torn.
+#[test]
+fn loom_seqlock_probe_racing_an_update() {
+    use crate::bitmap::HostBitmap;
+
+    loom::model(|| {
+        let shard = five_entry_shard();
+        let reader = {
+            let shard = shard.clone();
+            loom::thread::spawn(move || {
+                let all = HostBitmap::<1>::from_words([u64::MAX]);
+                let k3 = shard.probe(3, &all);
+                let (before, after) = (HostBitmap::single(0), [0, 1].into_iter().collect());
+                assert!(k3 == before || k3 == after, "torn read of key 3: {k3:?}");
+            })
+        };
+        shard.write().add(3, 1); // pod 1 joins pod 0 on key 3
+        reader.join().unwrap();
+    });
+}
+
+/// A seqlock reader racing an insert that splits the bucket its key lives
+/// in never misses the key, which the split moves out and back in.
+#[test]
+fn loom_seqlock_probe_racing_a_split() {
+    use crate::bitmap::HostBitmap;
+
+    loom::model(|| {
+        let shard = five_entry_shard();
+        let reader = {
+            let shard = shard.clone();
+            loom::thread::spawn(move || {
+                let all = HostBitmap::<1>::from_words([u64::MAX]);
+                assert_eq!(
+                    shard.probe(5, &all),
+                    HostBitmap::single(0),
+                    "key 5 lost in the split"
+                );
+            })
+        };
+        shard.write().add(9, 1); // the sixth entry: splits the only bucket
+        reader.join().unwrap();
+        let all = HostBitmap::<1>::from_words([u64::MAX]);
+        assert_eq!(shard.probe(9, &all), HostBitmap::single(1));
+    });
+}
