@@ -13,8 +13,6 @@
 //! 1024, so neither marker can be a slot.
 
 use crate::bitmap::HostBitmap;
-use crate::pool::Pool;
-use crate::sync::{AtomicU64, Ordering};
 
 const EMPTY_LANE: u16 = 0xFFFF;
 const SLAB_TAG: u16 = 0xFFFE;
@@ -27,105 +25,43 @@ const DEMOTE_AT: u32 = 2;
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) struct Holders(u64);
 
-/// The shard's full bitmaps for widely held blocks, readable without a lock.
-pub(crate) struct SlabStore<const W: usize> {
-    pool: Pool<[AtomicU64; W]>,
+/// The shard's store of full bitmaps for widely held blocks.
+#[derive(Debug, Default)]
+pub(crate) struct Slab<const W: usize> {
+    bitmaps: Vec<HostBitmap<W>>,
+    free: Vec<u32>,
 }
 
-impl<const W: usize> Default for SlabStore<W> {
-    fn default() -> Self {
-        #[cfg(not(router_loom))]
-        let pool = Pool::new(4);
-        // loom: allocated up front, see `Pool::with_chunks`.
-        #[cfg(router_loom)]
-        let pool = Pool::with_chunks(0, 3, || std::array::from_fn(|_| AtomicU64::new(0)));
-        SlabStore { pool }
-    }
-}
-
-impl<const W: usize> std::fmt::Debug for SlabStore<W> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SlabStore").finish_non_exhaustive()
-    }
-}
-
-impl<const W: usize> SlabStore<W> {
-    /// Bitmap `i` (empty if it was never allocated: only a torn read asks).
-    #[inline]
-    pub(crate) fn load(&self, i: u32) -> HostBitmap<W> {
-        match self.pool.get(i) {
-            Some(words) => {
-                HostBitmap::from_words(std::array::from_fn(|w| words[w].load(Ordering::Relaxed)))
+impl<const W: usize> Slab<W> {
+    fn alloc(&mut self, b: HostBitmap<W>) -> u32 {
+        match self.free.pop() {
+            Some(i) => {
+                self.bitmaps[i as usize] = b;
+                i
             }
-            None => HostBitmap::EMPTY,
-        }
-    }
-
-    fn store(&self, i: u32, b: &HostBitmap<W>) {
-        if let Some(words) = self.pool.get(i) {
-            for (a, w) in words.iter().zip(b.words()) {
-                a.store(*w, Ordering::Relaxed);
+            None => {
+                self.bitmaps.push(b);
+                // A shard holds far fewer than 2^32 widely shared blocks;
+                // the slab length is bounded by the shard's entry count.
+                (self.bitmaps.len() - 1) as u32
             }
         }
+    }
+
+    fn release(&mut self, i: u32) {
+        self.bitmaps[i as usize] = HostBitmap::EMPTY;
+        self.free.push(i);
+    }
+
+    /// Bitmaps in use.
+    pub(crate) fn live(&self) -> usize {
+        self.bitmaps.len() - self.free.len()
     }
 
     /// Bytes allocated.
     pub(crate) fn bytes(&self) -> usize {
-        self.pool.bytes()
-    }
-}
-
-/// The writer's bookkeeping of the slab: free bitmaps and the next new one.
-#[derive(Debug, Default)]
-pub(crate) struct SlabAlloc {
-    free: Vec<u32>,
-    next: u32,
-}
-
-/// A writer's view of the slab.
-#[derive(Debug)]
-pub(crate) struct Slab<'a, const W: usize> {
-    store: &'a SlabStore<W>,
-    alloc: &'a mut SlabAlloc,
-}
-
-impl<'a, const W: usize> Slab<'a, W> {
-    pub(crate) fn new(store: &'a SlabStore<W>, alloc: &'a mut SlabAlloc) -> Self {
-        Slab { store, alloc }
-    }
-
-    fn alloc(&mut self, b: HostBitmap<W>) -> u32 {
-        let i = match self.alloc.free.pop() {
-            Some(i) => i,
-            None => {
-                let i = self.alloc.next;
-                self.alloc.next += 1;
-                self.store
-                    .pool
-                    .ensure(i, || std::array::from_fn(|_| AtomicU64::new(0)));
-                i
-            }
-        };
-        self.store.store(i, &b);
-        i
-    }
-
-    fn release(&mut self, i: u32) {
-        self.store.store(i, &HostBitmap::EMPTY);
-        self.alloc.free.push(i);
-    }
-
-    /// Bitmaps in use.
-    #[cfg(test)]
-    pub(crate) fn live(&self) -> usize {
-        self.alloc.live()
-    }
-}
-
-impl SlabAlloc {
-    /// Bitmaps in use.
-    pub(crate) fn live(&self) -> usize {
-        self.next as usize - self.free.len()
+        self.bitmaps.capacity() * std::mem::size_of::<HostBitmap<W>>()
+            + self.free.capacity() * std::mem::size_of::<u32>()
     }
 }
 
@@ -157,18 +93,6 @@ impl Holders {
         Holders((SLAB_TAG as u64) << 48 | i as u64)
     }
 
-    /// The holders a table slot stores.
-    #[inline]
-    pub(crate) const fn from_raw(raw: u64) -> Self {
-        Holders(raw)
-    }
-
-    /// The value a table slot stores (never 0 for live holders).
-    #[inline]
-    pub(crate) const fn raw(self) -> u64 {
-        self.0
-    }
-
     /// Whether no pod holds the block.
     pub(crate) fn is_empty(self) -> bool {
         self == Self::EMPTY
@@ -182,9 +106,9 @@ impl Holders {
 
     /// The holders as a bitmap.
     #[inline]
-    pub(crate) fn to_bitmap<const W: usize>(self, slab: &SlabStore<W>) -> HostBitmap<W> {
+    pub(crate) fn to_bitmap<const W: usize>(self, slab: &Slab<W>) -> HostBitmap<W> {
         match self.slab_index() {
-            Some(i) => slab.load(i),
+            Some(i) => slab.bitmaps[i as usize],
             None => {
                 let mut b = HostBitmap::EMPTY;
                 for l in self.lanes() {
@@ -201,11 +125,11 @@ impl Holders {
     #[inline]
     pub(crate) fn and<const W: usize>(
         self,
-        slab: &SlabStore<W>,
+        slab: &Slab<W>,
         candidates: &HostBitmap<W>,
     ) -> HostBitmap<W> {
         match self.slab_index() {
-            Some(i) => slab.load(i).and(candidates),
+            Some(i) => slab.bitmaps[i as usize].and(candidates),
             None => {
                 let mut b = HostBitmap::EMPTY;
                 for l in self.lanes() {
@@ -219,18 +143,18 @@ impl Holders {
     }
 
     /// Whether `slot` holds the block.
-    pub(crate) fn contains<const W: usize>(self, slab: &SlabStore<W>, slot: u16) -> bool {
+    pub(crate) fn contains<const W: usize>(self, slab: &Slab<W>, slot: u16) -> bool {
         match self.slab_index() {
-            Some(i) => slab.load(i).contains(slot as usize),
+            Some(i) => slab.bitmaps[i as usize].contains(slot as usize),
             None => self.lanes().contains(&slot),
         }
     }
 
     /// The number of pods holding the block.
     #[cfg(test)]
-    pub(crate) fn count<const W: usize>(self, slab: &SlabStore<W>) -> u32 {
+    pub(crate) fn count<const W: usize>(self, slab: &Slab<W>) -> u32 {
         match self.slab_index() {
-            Some(i) => slab.load(i).count(),
+            Some(i) => slab.bitmaps[i as usize].count(),
             None => self.lanes().iter().filter(|&&l| l != EMPTY_LANE).count() as u32,
         }
     }
@@ -238,10 +162,7 @@ impl Holders {
     /// Adds `slot`; returns whether it was absent.
     pub(crate) fn insert<const W: usize>(&mut self, slab: &mut Slab<W>, slot: u16) -> bool {
         if let Some(i) = self.slab_index() {
-            let mut b = slab.store.load(i);
-            let newly = b.insert(slot as usize);
-            slab.store.store(i, &b);
-            return newly;
+            return slab.bitmaps[i as usize].insert(slot as usize);
         }
         let mut lanes = self.lanes();
         if lanes.contains(&slot) {
@@ -252,7 +173,7 @@ impl Holders {
             *self = Self::from_lanes(lanes);
             return true;
         }
-        let mut b = self.to_bitmap(slab.store);
+        let mut b = self.to_bitmap(slab);
         b.insert(slot as usize);
         *self = Self::slab(slab.alloc(b));
         true
@@ -274,7 +195,7 @@ impl Holders {
     ) -> u32 {
         match self.slab_index() {
             Some(i) => {
-                let before = slab.store.load(i);
+                let before = slab.bitmaps[i as usize];
                 let after = before.and_not(mask);
                 let removed = before.count() - after.count();
                 if after.count() <= DEMOTE_AT {
@@ -285,7 +206,7 @@ impl Holders {
                     }
                     *self = Self::from_lanes(lanes);
                 } else {
-                    slab.store.store(i, &after);
+                    slab.bitmaps[i as usize] = after;
                 }
                 removed
             }
@@ -311,9 +232,7 @@ mod tests {
 
     #[test]
     fn grows_into_the_slab_and_shrinks_back() {
-        let store = SlabStore::<4>::default();
-        let mut alloc = SlabAlloc::default();
-        let mut slab = Slab::new(&store, &mut alloc);
+        let mut slab = Slab::<4>::default();
         let mut h = Holders::EMPTY;
         assert!(h.is_empty());
         for s in [3u16, 200, 7, 255] {
@@ -321,14 +240,14 @@ mod tests {
             assert!(!h.insert(&mut slab, s), "second insert of {s} is a no-op");
         }
         assert!(!h.is_slab());
-        assert_eq!(h.count(slab.store), 4);
+        assert_eq!(h.count(&slab), 4);
         assert!(h.insert(&mut slab, 64));
         assert!(h.is_slab());
         assert_eq!(slab.live(), 1);
         let want: HostBitmap<4> = [3, 7, 64, 200, 255].into_iter().collect();
-        assert_eq!(h.to_bitmap(slab.store), want);
+        assert_eq!(h.to_bitmap(&slab), want);
         let cand: HostBitmap<4> = [7, 8, 255].into_iter().collect();
-        assert_eq!(h.and(slab.store, &cand), [7, 255].into_iter().collect());
+        assert_eq!(h.and(&slab, &cand), [7, 255].into_iter().collect());
         assert!(h.remove(&mut slab, 3));
         assert!(!h.remove(&mut slab, 3));
         assert!(h.is_slab(), "4 pods stay in the slab (hysteresis)");
@@ -336,24 +255,20 @@ mod tests {
         assert_eq!(h.remove_mask(&mut slab, &mask), 2);
         assert!(!h.is_slab(), "2 pods go back inline");
         assert_eq!(slab.live(), 0);
-        assert!(h.contains(slab.store, 64) && h.contains(slab.store, 255));
-        assert!(!h.contains(slab.store, 7));
+        assert!(h.contains(&slab, 64) && h.contains(&slab, 255) && !h.contains(&slab, 7));
         assert!(h.remove(&mut slab, 64) && h.remove(&mut slab, 255));
         assert!(h.is_empty());
-        assert_ne!(h.raw(), 0, "0 is the table's vacant marker");
     }
 
     #[test]
     fn inline_and_matches_bitmap_and() {
-        let store = SlabStore::<16>::default();
-        let mut alloc = SlabAlloc::default();
-        let mut slab = Slab::new(&store, &mut alloc);
+        let slab = Slab::<16>::default();
+        let mut s2 = Slab::<16>::default();
         let mut h = Holders::EMPTY;
         for s in [0u16, 1023, 512] {
-            h.insert(&mut slab, s);
+            h.insert(&mut s2, s);
         }
-        assert_ne!(h.raw(), 0);
         let cand: HostBitmap<16> = [1023, 5].into_iter().collect();
-        assert_eq!(h.and(&store, &cand), HostBitmap::single(1023));
+        assert_eq!(h.and(&slab, &cand), HostBitmap::single(1023));
     }
 }

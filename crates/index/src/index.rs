@@ -9,12 +9,10 @@ use router_core::{
 };
 use smallvec::SmallVec;
 
-use crossbeam_utils::CachePadded;
-
 use crate::bitmap::HostBitmap;
-use crate::shard::shard_of;
-use crate::sync::{AtomicU64, Mutex, Ordering};
-use crate::table::Shard;
+use crate::holders::Holders;
+use crate::shard::{Shard, ShardInner, shard_of};
+use crate::sync::{AtomicU64, Mutex, Ordering, RwLock};
 
 /// How an [`Index`] is laid out and run.
 #[derive(Clone, Debug)]
@@ -161,7 +159,7 @@ type Interval<const W: usize> = (u32, u32, HostBitmap<W>);
 /// the design and its invariants.
 #[derive(Debug)]
 pub struct Index<const W: usize = 4> {
-    shards: Box<[CachePadded<Shard<W>>]>,
+    shards: Box<[Shard<W>]>,
     shard_bits: u32,
     alive: Box<[AtomicU64]>,
     /// Per slot: `epoch << 2 | phase`.
@@ -187,7 +185,7 @@ impl<const W: usize> Index<W> {
             ..config
         };
         let shards = (0..1usize << config.shard_bits)
-            .map(|_| CachePadded::new(Shard::default()))
+            .map(|_| Shard::new(RwLock::new(ShardInner::default())))
             .collect();
         let slots = (0..HostBitmap::<W>::CAPACITY)
             .map(|_| Slot {
@@ -230,7 +228,7 @@ impl<const W: usize> Index<W> {
     }
 
     #[inline]
-    fn shard(&self, hash: BlockHash) -> &CachePadded<Shard<W>> {
+    fn shard(&self, hash: BlockHash) -> &Shard<W> {
         &self.shards[shard_of(hash.0, self.shard_bits)]
     }
 
@@ -278,7 +276,7 @@ impl<const W: usize> Index<W> {
         let track = tier != Tier::Gpu || !ps.tiers.is_empty();
         let batch = self.by_shard(blocks);
         for group in batch.chunk_by(|a, b| a.0 == b.0) {
-            let mut w = self.shards[group[0].0 as usize].write();
+            let mut sh = self.shards[group[0].0 as usize].write();
             // Invariant: a write checks liveness under the shard lock. A
             // sweep locks every shard after the pod left, so either it sees
             // this write's bits, or this write sees the pod gone.
@@ -286,9 +284,16 @@ impl<const W: usize> Index<W> {
                 self.counters.skipped_dead.fetch_add(1, Ordering::Relaxed);
                 return Err(Error::PodShutDown(pod));
             }
+            let ShardInner {
+                map,
+                slab,
+                residencies,
+            } = &mut *sh;
             for &(_, h) in group {
-                let newly = w.add(h, s);
+                let holders = map.entry(h).or_insert(Holders::EMPTY);
+                let newly = holders.insert(slab, s);
                 if newly {
+                    *residencies += 1;
                     slot.blocks.fetch_add(1, Ordering::Relaxed);
                 }
                 if track {
@@ -320,13 +325,21 @@ impl<const W: usize> Index<W> {
         let mut ps = slot.pod.lock();
         let batch = self.by_shard(blocks);
         for group in batch.chunk_by(|a, b| a.0 == b.0) {
-            let mut w = self.shards[group[0].0 as usize].write();
+            let mut sh = self.shards[group[0].0 as usize].write();
             if st.load(Ordering::Acquire) != live {
                 self.counters.skipped_dead.fetch_add(1, Ordering::Relaxed);
                 return Err(Error::PodShutDown(pod));
             }
+            let ShardInner {
+                map,
+                slab,
+                residencies,
+            } = &mut *sh;
             for &(_, h) in group {
-                if !w.holds(h, s) {
+                let Some(holders) = map.get_mut(&h) else {
+                    continue;
+                };
+                if !holders.contains(slab, s) {
                     continue;
                 }
                 let current = if ps.tiers.is_empty() {
@@ -339,8 +352,12 @@ impl<const W: usize> Index<W> {
                     continue; // not in that tier: nothing to do
                 }
                 if mask == 0 {
-                    w.drop_holder(h, s);
+                    holders.remove(slab, s);
+                    *residencies -= 1;
                     slot.blocks.fetch_sub(1, Ordering::Relaxed);
+                    if holders.is_empty() {
+                        map.remove(&h);
+                    }
                     ps.tiers.remove(&h);
                 } else if mask == TIER_BITS_GPU {
                     ps.tiers.remove(&h);
@@ -366,7 +383,7 @@ impl<const W: usize> Index<W> {
                 self.counters.skipped_dead.fetch_add(1, Ordering::Relaxed);
                 return Err(Error::PodShutDown(pod));
             }
-            let removed = sh.strip(&mask);
+            let removed = strip(&mut sh, &mask);
             slot.blocks.fetch_sub(removed, Ordering::Relaxed);
         }
         ps.tiers.clear();
@@ -388,7 +405,7 @@ impl<const W: usize> Index<W> {
         let mask: HostBitmap<W> = batch.iter().map(|&s| s as usize).collect();
         let mut swept = 0;
         for shard in self.shards.iter() {
-            swept += shard.write().strip(&mask);
+            swept += strip(&mut shard.write(), &mask);
         }
         for &s in &batch {
             let slot = &self.slots[s as usize];
@@ -451,13 +468,11 @@ impl<const W: usize> Index<W> {
     pub fn stats(&self) -> IndexStats {
         let mut st = IndexStats::default();
         for shard in self.shards.iter() {
-            let mut w = shard.write();
-            let ws = w.state();
-            st.entries += ws.entries;
-            st.residencies += ws.residencies;
-            st.bitmap_entries += ws.bitmaps() as u64;
-            drop(w);
-            st.bytes += shard.bytes() as u64;
+            let sh = shard.read();
+            st.entries += sh.map.len() as u64;
+            st.residencies += sh.residencies;
+            st.bitmap_entries += sh.slab.live() as u64;
+            st.bytes += sh.bytes() as u64;
         }
         for slot in self.slots.iter() {
             let ps = slot.pod.lock();
@@ -477,7 +492,11 @@ impl<const W: usize> Index<W> {
     /// The pods among `candidates` holding `hash`.
     #[inline]
     fn probe(&self, hash: BlockHash, candidates: &HostBitmap<W>) -> HostBitmap<W> {
-        self.shard(hash).probe(hash.0, candidates)
+        let sh = self.shard(hash).read();
+        match sh.map.get(&hash.0) {
+            Some(h) => h.and(&sh.slab, candidates),
+            None => HostBitmap::EMPTY,
+        }
     }
 
     #[inline]
@@ -609,6 +628,23 @@ impl<const W: usize> Index<W> {
             "binary partition emits ranked results"
         );
     }
+}
+
+/// Removes `mask`'s pods from every entry of a shard, dropping emptied
+/// entries. Returns the (block, pod) pairs removed.
+fn strip<const W: usize>(sh: &mut ShardInner<W>, mask: &HostBitmap<W>) -> u64 {
+    let ShardInner {
+        map,
+        slab,
+        residencies,
+    } = sh;
+    let mut removed = 0u64;
+    map.retain(|_, h| {
+        removed += h.remove_mask(slab, mask) as u64;
+        !h.is_empty()
+    });
+    *residencies -= removed;
+    removed
 }
 
 fn sweeper_loop<const W: usize>(me: Weak<Index<W>>) {

@@ -65,10 +65,8 @@
 mod bitmap;
 mod holders;
 mod index;
-mod pool;
 mod shard;
 mod sync;
-mod table;
 
 pub use bitmap::{HostBitmap, Ones};
 pub use index::{Index, IndexConfig, IndexStats};

@@ -1,16 +1,23 @@
-//! Which shard, and which bucket within it, a block hash goes to.
+//! The sharded block map.
 //!
 //! Sharding rules (the index depends on them):
 //! - the shard count is a power of two (`1 << shard_bits`, 256 by default);
-//! - each shard is `CachePadded`, so two shards' sequence words and mutexes
-//!   never share a line;
+//! - each shard is `CachePadded`, so two shards' locks never share a line;
 //! - the shard is picked from the **top** bits of `h * 0x9E3779B97F4A7C15`
 //!   (Fibonacci hashing), which spreads even small sequential keys such as
 //!   trace block ids;
-//! - within the shard the bucket comes from the **low** bits of [`mix`], a
-//!   full-avalanche mix (MurmurHash3's finaliser) unrelated to the Fibonacci
-//!   product: reusing the shard bits would crowd a shard's keys into a few
-//!   buckets.
+//! - the in-shard map hashes keys with [`MixHasher`], a full-avalanche mix
+//!   (MurmurHash3's finaliser) unrelated to the Fibonacci product, because
+//!   hashbrown takes its SIMD tags from the top 7 bits of the hash: reusing
+//!   the shard bits there would give every key of a shard the same tag.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+use crossbeam_utils::CachePadded;
+
+use crate::holders::{Holders, Slab};
+use crate::sync::RwLock;
 
 const FIBONACCI: u64 = 0x9E37_79B9_7F4A_7C15;
 
@@ -22,11 +29,34 @@ pub(crate) fn shard_of(hash: u64, bits: u32) -> usize {
         .unwrap_or(0) as usize
 }
 
-/// The in-shard hash: MurmurHash3's 64-bit finaliser, unrelated to the
-/// Fibonacci product, so the bits that pick the shard say nothing about the
-/// bits that pick the bucket.
+/// The in-shard hasher: MurmurHash3's 64-bit finaliser over the key.
+#[derive(Default, Clone, Copy, Debug)]
+pub(crate) struct MixHasher(u64);
+
+impl Hasher for MixHasher {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `u64` keys are hashed here; this keeps the hasher total.
+        for chunk in bytes.chunks(8) {
+            let mut b = [0u8; 8];
+            b[..chunk.len()].copy_from_slice(chunk);
+            self.write_u64(u64::from_le_bytes(b));
+        }
+    }
+
+    #[inline]
+    fn write_u64(&mut self, v: u64) {
+        self.0 = fmix64(self.0 ^ v);
+    }
+
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
 #[inline]
-pub(crate) fn mix(mut k: u64) -> u64 {
+fn fmix64(mut k: u64) -> u64 {
     k ^= k >> 33;
     k = k.wrapping_mul(0xff51_afd7_ed55_8ccd);
     k ^= k >> 33;
@@ -34,6 +64,28 @@ pub(crate) fn mix(mut k: u64) -> u64 {
     k ^= k >> 33;
     k
 }
+
+pub(crate) type BlockMap = HashMap<u64, Holders, BuildHasherDefault<MixHasher>>;
+
+/// One shard's state, behind its lock.
+#[derive(Debug, Default)]
+pub(crate) struct ShardInner<const W: usize> {
+    pub(crate) map: BlockMap,
+    pub(crate) slab: Slab<W>,
+    /// Sum over entries of the pods holding them.
+    pub(crate) residencies: u64,
+}
+
+impl<const W: usize> ShardInner<W> {
+    /// Bytes allocated by the shard's map and slab.
+    pub(crate) fn bytes(&self) -> usize {
+        // hashbrown: one (key, value) slot plus one control byte per bucket.
+        let bucket = std::mem::size_of::<(u64, Holders)>() + 1;
+        self.map.capacity() * bucket + self.slab.bytes()
+    }
+}
+
+pub(crate) type Shard<const W: usize> = CachePadded<RwLock<ShardInner<W>>>;
 
 #[cfg(test)]
 mod tests {
@@ -51,17 +103,16 @@ mod tests {
     }
 
     #[test]
-    fn in_shard_buckets_spread_within_a_shard() {
-        // Keys of one shard must not crowd into few buckets.
-        let mut per_bucket = [0u32; 256];
-        for k in (0..1_000_000u64).filter(|k| shard_of(*k, 8) == 3) {
-            per_bucket[(mix(k) & 255) as usize] += 1;
+    fn in_shard_hash_tags_vary_within_a_shard() {
+        // Keys of one shard must not share hashbrown's top-7-bit tag.
+        let keys: Vec<u64> = (0..100_000u64).filter(|k| shard_of(*k, 8) == 3).collect();
+        let mut tags = std::collections::HashSet::new();
+        for k in &keys {
+            let mut h = MixHasher::default();
+            h.write_u64(*k);
+            tags.insert(h.finish() >> 57);
         }
-        // About 15 keys per bucket on average.
-        let (min, max) = (
-            per_bucket.iter().min().unwrap(),
-            per_bucket.iter().max().unwrap(),
-        );
-        assert!(*min >= 3 && *max <= 40, "bucket loads from {min} to {max}");
+        assert!(keys.len() > 200);
+        assert!(tags.len() > 100, "only {} distinct tags", tags.len());
     }
 }

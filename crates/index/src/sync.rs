@@ -2,41 +2,20 @@
 //! replace them under `cfg(router_loom)` (tokio's `src/loom`, crossbeam's
 //! `primitive`). Run the models with
 //! `RUSTFLAGS="--cfg router_loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p router-index --release --lib loom`.
-//!
-//! Not routed through here: the `OnceLock`s of `pool.rs` (each chunk is
-//! initialised once, under the shard's writer mutex, before any id in it is
-//! published through the shard's sequence number) and the sweeper threads'
-//! handles (thread start-up is not part of the modelled races).
 
 #[cfg(not(router_loom))]
-pub(crate) use parking_lot::{Mutex, MutexGuard};
+pub(crate) use parking_lot::{Mutex, RwLock};
 #[cfg(not(router_loom))]
-pub(crate) use std::sync::atomic::{AtomicU64, Ordering, fence};
-
-/// A spinning reader's pause.
-#[cfg(not(router_loom))]
-#[inline]
-pub(crate) fn spin() {
-    std::hint::spin_loop();
-}
+pub(crate) use std::sync::atomic::{AtomicU64, Ordering};
 
 #[cfg(router_loom)]
-pub(crate) use self::loom_locks::Mutex;
+pub(crate) use self::loom_locks::{Mutex, RwLock};
 #[cfg(router_loom)]
-pub(crate) use loom::sync::MutexGuard;
-#[cfg(router_loom)]
-pub(crate) use loom::sync::atomic::{AtomicU64, Ordering, fence};
-
-/// A spinning reader's pause: under loom, a yield, so the model lets the
-/// writer it waits for run.
-#[cfg(router_loom)]
-pub(crate) fn spin() {
-    loom::thread::yield_now();
-}
+pub(crate) use loom::sync::atomic::{AtomicU64, Ordering};
 
 #[cfg(router_loom)]
 mod loom_locks {
-    //! A parking_lot-shaped wrapper over loom's std-shaped mutex.
+    //! parking_lot-shaped wrappers over loom's std-shaped locks.
 
     /// A mutex whose `lock` cannot fail, like parking_lot's.
     #[derive(Debug)]
@@ -49,6 +28,22 @@ mod loom_locks {
         pub(crate) fn lock(&self) -> loom::sync::MutexGuard<'_, T> {
             // A poisoned lock means a panicking model: surface it.
             self.0.lock().expect("loom mutex poisoned")
+        }
+    }
+
+    /// A reader-writer lock whose guards cannot fail, like parking_lot's.
+    #[derive(Debug)]
+    pub(crate) struct RwLock<T>(loom::sync::RwLock<T>);
+
+    impl<T> RwLock<T> {
+        pub(crate) fn new(t: T) -> Self {
+            RwLock(loom::sync::RwLock::new(t))
+        }
+        pub(crate) fn read(&self) -> loom::sync::RwLockReadGuard<'_, T> {
+            self.0.read().expect("loom rwlock poisoned")
+        }
+        pub(crate) fn write(&self) -> loom::sync::RwLockWriteGuard<'_, T> {
+            self.0.write().expect("loom rwlock poisoned")
         }
     }
 }
