@@ -582,17 +582,18 @@ impl<const W: usize> Index<W> {
             out.add_probes(1);
             return;
         }
-        // First and deepest block together: the two probes do not depend on
-        // each other, so their memory latencies overlap, and full hits (the
-        // common case with shared prompts) are settled in this one round.
         let first = self.probe(chain[0], &alive);
-        let last = self.probe(chain[n - 1], &alive);
-        let mut probes = 2;
+        let mut probes = 1;
         if first.is_empty() {
             out.add_probes(probes);
             return;
         }
-        let full = last.and(&first);
+        // Deepest block next: full hits (the common case with shared
+        // prompts) are settled in two probes. (Issuing both probes at once
+        // gains nothing here: each probe's lock is a locked instruction,
+        // which orders the loads around it, and a miss would pay for two.)
+        let full = self.probe(chain[n - 1], &first);
+        probes += 1;
         self.emit(&full, n, out);
         let rest = first.and_not(&full);
         let mut stack: SmallVec<[Interval<W>; 24]> = SmallVec::new();

@@ -381,6 +381,55 @@ fn w4(quick: bool) {
     }
 }
 
+/// Bytes per stored block when each block is held by `r` pods, for
+/// router-index's compact holders (index stats and the allocator agree to a
+/// few percent) against a full 256-bit bitmap per block.
+fn memory() {
+    use router_core::{BlockHash, Tier};
+    println!("\n### Memory: bytes per stored block by residency (router-index)\n");
+    println!(
+        "| pods per block | bytes per block (allocator) | bytes per block (index stats) | bytes per (block, pod) | full-bitmap layout, per block |"
+    );
+    println!("|---:|---:|---:|---:|---:|");
+    const BLOCKS: u64 = 200_000;
+    let mut map_buckets = None;
+    for r in [1usize, 2, 8, 64] {
+        let before = LIVE.load(Ordering::Relaxed) as i64;
+        let ours = Ours::new(64);
+        let pods: Vec<_> = (0..64)
+            .map(|i| {
+                use router_core::PodDirectory;
+                ours.index()
+                    .pod_id(&router_core::PodKey::new(format!("http://pod-{i}"), 0))
+                    .expect("joined")
+            })
+            .collect();
+        let blocks: Vec<BlockHash> = (0..BLOCKS)
+            .map(|i| BlockHash(workload::mix(i ^ 0xB10C)))
+            .collect();
+        for (c, chunk) in blocks.chunks(16).enumerate() {
+            for k in 0..r {
+                let pod = pods[(c + k) % 64];
+                let _ = ours.index().store(pod, Tier::Gpu, chunk);
+            }
+        }
+        let bytes = LIVE.load(Ordering::Relaxed) as i64 - before;
+        let st = ours.index().stats();
+        // A full bitmap per block: 8-byte key + 32-byte bitmap per hashbrown
+        // bucket plus its control byte, at the same bucket count (taken from
+        // the one-pod row, where the index holds no slab bitmaps).
+        let buckets = *map_buckets.get_or_insert(st.bytes as f64 / (16.0 + 1.0));
+        let full = (buckets * (8.0 + 32.0 + 1.0)) / BLOCKS as f64;
+        println!(
+            "| {r} | {:.1} | {:.1} | {:.1} | {:.1} |",
+            bytes as f64 / BLOCKS as f64,
+            st.bytes as f64 / BLOCKS as f64,
+            bytes as f64 / (BLOCKS as f64 * r as f64),
+            full.max(0.0)
+        );
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let quick = args.iter().any(|a| a == "--quick");
@@ -409,5 +458,8 @@ fn main() {
     }
     if want("W4") {
         w4(quick);
+    }
+    if want("memory") {
+        memory();
     }
 }
