@@ -9,6 +9,7 @@
 //!   glue the layers.
 //! - [`hash`]: text to tokens to full blocks to a stable cumulative hash chain.
 //! - [`index`]: the sharded bitmap index answering the longest cached prefix per pod.
+//! - [`policy`]: filters, scorers and pickers composed into validated profiles.
 //!
 //! ```
 //! use cache_router::core::{BlockHasher, Namespace};
@@ -23,6 +24,7 @@
 pub use router_core as core;
 pub use router_hash as hash;
 pub use router_index as index;
+pub use router_policy as policy;
 
 /// The README's code, compiled and run as a doc test so it stays true.
 #[doc = include_str!("../README.md")]

@@ -1,0 +1,61 @@
+//! The context keys the built-in plugins share.
+
+use router_core::{BlockHash, PodId, PrefixMatch};
+
+use crate::context::Key;
+
+/// The request's block-hash chain (an input, set by the caller).
+pub const CHAIN: Key<Vec<BlockHash>> = Key::new("chain");
+/// The request's prompt length in tokens (an input).
+pub const PROMPT_TOKENS: Key<u64> = Key::new("prompt_tokens");
+/// A session or conversation id (an input, for affinity).
+pub const SESSION_ID: Key<String> = Key::new("session_id");
+/// A key for consistent hashing, such as a hash of the user or the prefix
+/// (an input).
+pub const HASH_KEY: Key<u64> = Key::new("hash_key");
+/// The index's answer for the request's chain, produced by the
+/// `prefix-match` prepare plugin (or set by a caller that queried already).
+pub const CACHE_HITS: Key<CacheHits> = Key::new("cache_hits");
+
+/// Matched blocks per pod, with constant-time lookup by pod.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CacheHits {
+    chain_len: usize,
+    best: u32,
+    by_slot: Vec<(u32, u32)>,
+}
+
+impl CacheHits {
+    /// Builds the lookup from an index's ranked answer.
+    pub fn from_match(m: &PrefixMatch) -> Self {
+        let max_slot = m.pods().iter().map(|p| p.pod.slot() as usize).max();
+        let mut by_slot = vec![(u32::MAX, 0); max_slot.map_or(0, |s| s + 1)];
+        for p in m.pods() {
+            by_slot[p.pod.slot() as usize] = (p.pod.epoch(), p.blocks);
+        }
+        CacheHits {
+            chain_len: m.chain_len(),
+            best: m.best().map_or(0, |b| b.blocks),
+            by_slot,
+        }
+    }
+
+    /// Blocks of the chain `pod` holds (0 if none).
+    #[inline]
+    pub fn blocks(&self, pod: PodId) -> u32 {
+        match self.by_slot.get(pod.slot() as usize) {
+            Some(&(epoch, blocks)) if epoch == pod.epoch() => blocks,
+            _ => 0,
+        }
+    }
+
+    /// The longest match of any pod.
+    pub fn best(&self) -> u32 {
+        self.best
+    }
+
+    /// The request chain's length in blocks.
+    pub fn chain_len(&self) -> usize {
+        self.chain_len
+    }
+}

@@ -1,0 +1,174 @@
+//! What plugins know about each pod, and the trait that keeps it current.
+
+use std::time::Duration;
+
+use parking_lot::RwLock;
+use router_core::PodId;
+
+/// What a pod does in a disaggregated fleet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Runs prefill only.
+    Prefill,
+    /// Runs decode only.
+    Decode,
+    /// Runs whole requests.
+    #[default]
+    Both,
+}
+
+/// A pod as the decision layer sees it.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct PodState {
+    /// The pod.
+    pub id: PodId,
+    /// Its role.
+    pub role: Role,
+    /// Whether it is healthy (readiness probes, the gateway's view).
+    pub healthy: bool,
+    /// Requests sent and not finished.
+    pub in_flight: u32,
+    /// Prompt tokens sent and not yet prefilled.
+    pub queued_prefill_tokens: u64,
+    /// KV-cache blocks in use by running requests.
+    pub kv_blocks_used: u64,
+    /// KV-cache blocks the pod has (0 when unknown).
+    pub kv_blocks_total: u64,
+    /// Recent latency (exponentially weighted), in milliseconds.
+    pub latency_ms: f64,
+}
+
+impl PodState {
+    /// An idle, healthy pod.
+    pub fn new(id: PodId, role: Role) -> Self {
+        PodState {
+            id,
+            role,
+            healthy: true,
+            in_flight: 0,
+            queued_prefill_tokens: 0,
+            kv_blocks_used: 0,
+            kv_blocks_total: 0,
+            latency_ms: 0.0,
+        }
+    }
+
+    /// KV usage in `0..=1` (0 when the total is unknown).
+    pub fn kv_usage(&self) -> f64 {
+        if self.kv_blocks_total == 0 {
+            0.0
+        } else {
+            (self.kv_blocks_used as f64 / self.kv_blocks_total as f64).min(1.0)
+        }
+    }
+}
+
+/// How a request ended, for the pod-state feed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// It completed.
+    Success,
+    /// The pod failed it (error, timeout, reset).
+    Failure,
+}
+
+/// Keeps pod states current. The execution layer and the gateway feed it;
+/// only `update` is required.
+pub trait PodStateSink: Send + Sync {
+    /// Applies `f` to the state of `pod`, if the pod is known.
+    fn update(&self, pod: PodId, f: &mut dyn FnMut(&mut PodState));
+
+    /// A request with `prefill_tokens` uncached prompt tokens was sent.
+    fn request_started(&self, pod: PodId, prefill_tokens: u64, kv_blocks: u64) {
+        self.update(pod, &mut |s| {
+            s.in_flight += 1;
+            s.queued_prefill_tokens += prefill_tokens;
+            s.kv_blocks_used += kv_blocks;
+        });
+    }
+
+    /// The request's first token arrived: its prefill is done.
+    fn first_token(&self, pod: PodId, prefill_tokens: u64) {
+        self.update(pod, &mut |s| {
+            s.queued_prefill_tokens = s.queued_prefill_tokens.saturating_sub(prefill_tokens);
+        });
+    }
+
+    /// The request finished (every path: success, error, cancellation).
+    /// `prefill_tokens` is what is still queued for it (0 after the first token).
+    fn request_finished(
+        &self,
+        pod: PodId,
+        prefill_tokens: u64,
+        kv_blocks: u64,
+        latency: Duration,
+        outcome: Outcome,
+    ) {
+        let _ = outcome;
+        self.update(pod, &mut |s| {
+            s.in_flight = s.in_flight.saturating_sub(1);
+            s.queued_prefill_tokens = s.queued_prefill_tokens.saturating_sub(prefill_tokens);
+            s.kv_blocks_used = s.kv_blocks_used.saturating_sub(kv_blocks);
+            let ms = latency.as_secs_f64() * 1000.0;
+            s.latency_ms = if s.latency_ms == 0.0 {
+                ms
+            } else {
+                0.8 * s.latency_ms + 0.2 * ms
+            };
+        });
+    }
+
+    /// The pod's health changed.
+    fn set_health(&self, pod: PodId, healthy: bool) {
+        self.update(pod, &mut |s| s.healthy = healthy);
+    }
+}
+
+/// The fleet's pod states: a small, lock-protected table.
+#[derive(Debug, Default)]
+pub struct Fleet {
+    pods: RwLock<Vec<PodState>>,
+}
+
+impl Fleet {
+    /// An empty fleet.
+    pub fn new() -> Self {
+        Fleet::default()
+    }
+
+    /// Adds a pod or replaces its state.
+    pub fn upsert(&self, state: PodState) {
+        let mut pods = self.pods.write();
+        match pods.iter_mut().find(|p| p.id == state.id) {
+            Some(p) => *p = state,
+            None => pods.push(state),
+        }
+    }
+
+    /// Removes a pod.
+    pub fn remove(&self, pod: PodId) {
+        self.pods.write().retain(|p| p.id != pod);
+    }
+
+    /// Copies the current states into `out` (cleared first): the candidates
+    /// of one decision.
+    pub fn snapshot_into(&self, out: &mut Vec<PodState>) {
+        out.clear();
+        out.extend(self.pods.read().iter().cloned());
+    }
+
+    /// The state of one pod.
+    pub fn get(&self, pod: PodId) -> Option<PodState> {
+        self.pods.read().iter().find(|p| p.id == pod).cloned()
+    }
+}
+
+impl PodStateSink for Fleet {
+    fn update(&self, pod: PodId, f: &mut dyn FnMut(&mut PodState)) {
+        if let Some(p) = self.pods.write().iter_mut().find(|p| p.id == pod) {
+            f(p);
+        }
+    }
+}
