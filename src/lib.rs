@@ -10,6 +10,7 @@
 //! - [`hash`]: text to tokens to full blocks to a stable cumulative hash chain.
 //! - [`index`]: the sharded bitmap index answering the longest cached prefix per pod.
 //! - [`policy`]: filters, scorers and pickers composed into validated profiles.
+//! - [`exec`]: single-step and prefill->decode workflows, retries, accounting, feedback.
 //!
 //! ```
 //! use cache_router::core::{BlockHasher, Namespace};
@@ -25,6 +26,7 @@ pub use router_core as core;
 pub use router_hash as hash;
 pub use router_index as index;
 pub use router_policy as policy;
+pub use router_exec as exec;
 
 /// The README's code, compiled and run as a doc test so it stays true.
 #[doc = include_str!("../README.md")]

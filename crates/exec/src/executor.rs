@@ -1,0 +1,418 @@
+//! Running workflows: attempts, retries, accounting, streaming.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context as TaskContext, Poll};
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use router_core::{BlockHash, PodId};
+use router_policy::builtin::CircuitBreaker;
+use router_policy::keys::{CACHE_HITS, CHAIN};
+use router_policy::{Context, Fleet, Outcome, PodStateSink};
+use tokio::time::{Instant, Sleep};
+
+use crate::Error;
+use crate::backend::{Backend, BackendError, Chunk, ChunkStream, StepKind, StepRequest};
+use crate::feedback::Feedback;
+use crate::workflow::{CACHE_HANDLE, PREFILL_POD, Step, Workflow};
+
+/// How failed attempts are retried.
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct RetryPolicy {
+    /// Attempts per step, the first included (at least 1).
+    pub max_attempts: usize,
+    /// Wait before the second attempt; doubled for each further one.
+    pub backoff: Duration,
+    /// The longest wait between attempts.
+    pub max_backoff: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            max_attempts: 3,
+            backoff: Duration::from_millis(10),
+            max_backoff: Duration::from_millis(200),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// `max_attempts` attempts with `backoff` doubling up to 20x.
+    pub fn new(max_attempts: usize, backoff: Duration) -> Self {
+        RetryPolicy {
+            max_attempts: max_attempts.max(1),
+            backoff,
+            max_backoff: backoff * 20,
+        }
+    }
+
+    fn wait(&self, attempt: usize) -> Duration {
+        let factor = 1u32 << attempt.min(16) as u32;
+        (self.backoff * factor).min(self.max_backoff)
+    }
+}
+
+/// Accounting of one attempt on one pod, settled when it drops: whatever
+/// path ends the attempt (success, error, timeout, the caller going away),
+/// the pod's counters return to where they were.
+struct InFlight {
+    fleet: Arc<Fleet>,
+    breaker: Option<Arc<CircuitBreaker>>,
+    pod: PodId,
+    prefill_left: u64,
+    kv_blocks: u64,
+    started: Instant,
+    /// `None`: cancelled by the caller, which says nothing about the pod.
+    outcome: Option<Outcome>,
+}
+
+impl InFlight {
+    fn start(exec: &Executor, pod: PodId, prefill: u64, kv_blocks: u64) -> Self {
+        exec.fleet.request_started(pod, prefill, kv_blocks);
+        InFlight {
+            fleet: exec.fleet.clone(),
+            breaker: exec.breaker.clone(),
+            pod,
+            prefill_left: prefill,
+            kv_blocks,
+            started: Instant::now(),
+            outcome: None,
+        }
+    }
+
+    fn first_token(&mut self) {
+        self.fleet.first_token(self.pod, self.prefill_left);
+        self.prefill_left = 0;
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let latency = self.started.elapsed();
+        self.fleet.request_finished(
+            self.pod,
+            self.prefill_left,
+            self.kv_blocks,
+            latency,
+            self.outcome.unwrap_or(Outcome::Success),
+        );
+        if let (Some(b), Some(o)) = (&self.breaker, self.outcome) {
+            b.record(self.pod, latency, o);
+        }
+    }
+}
+
+/// A step that has produced its first chunk.
+struct Running {
+    pod: PodId,
+    stream: ChunkStream,
+    first: Option<Chunk>,
+    guard: InFlight,
+    deadline: Pin<Box<Sleep>>,
+    feedback: Arc<Feedback>,
+    chain: Vec<BlockHash>,
+    predicted_blocks: u32,
+}
+
+impl Running {
+    fn observe(&self, chunk: &Chunk) {
+        if let Chunk::Usage {
+            cached_tokens: Some(cached),
+            ..
+        } = chunk
+        {
+            self.feedback
+                .observe(self.pod, &self.chain, self.predicted_blocks, *cached);
+        }
+    }
+
+    /// Runs the step to its end (a non-final step), returning its handle.
+    async fn drain(mut self) -> Result<Option<serde_json::Value>, Error> {
+        let mut handle = None;
+        let mut next = self.first.take();
+        loop {
+            let chunk = match next.take() {
+                Some(c) => c,
+                None => {
+                    tokio::select! {
+                        _ = self.deadline.as_mut() => {
+                            self.guard.outcome = Some(Outcome::Failure);
+                            return Err(Error::Timeout { pod: self.pod });
+                        }
+                        item = self.stream.next() => match item {
+                            Some(Ok(c)) => c,
+                            Some(Err(e)) => {
+                                self.guard.outcome = Some(Outcome::Failure);
+                                return Err(Error::Backend { pod: self.pod, source: e });
+                            }
+                            None => {
+                                self.guard.outcome = Some(Outcome::Success);
+                                return Ok(handle);
+                            }
+                        }
+                    }
+                }
+            };
+            self.observe(&chunk);
+            if let Chunk::Handle(h) = chunk {
+                handle = Some(h);
+            }
+        }
+    }
+}
+
+/// The caller's view of a running workflow: the last step's chunks.
+///
+/// Dropping it cancels the backend request and settles the accounting.
+pub struct Execution {
+    steps: Vec<(StepKind, PodId)>,
+    running: Option<Running>,
+}
+
+impl std::fmt::Debug for Execution {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Execution")
+            .field("steps", &self.steps)
+            .field("streaming", &self.running.is_some())
+            .finish()
+    }
+}
+
+impl Execution {
+    /// The pods that ran each step, in order.
+    pub fn steps(&self) -> &[(StepKind, PodId)] {
+        &self.steps
+    }
+
+    /// The pod streaming the response.
+    pub fn pod(&self) -> Option<PodId> {
+        self.steps.last().map(|s| s.1)
+    }
+}
+
+impl Stream for Execution {
+    type Item = Result<Chunk, Error>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        let Some(run) = this.running.as_mut() else {
+            return Poll::Ready(None);
+        };
+        if let Some(c) = run.first.take() {
+            run.observe(&c);
+            return Poll::Ready(Some(Ok(c)));
+        }
+        if run.deadline.as_mut().poll(cx).is_ready() {
+            run.guard.outcome = Some(Outcome::Failure);
+            let pod = run.pod;
+            this.running = None;
+            return Poll::Ready(Some(Err(Error::Timeout { pod })));
+        }
+        match run.stream.as_mut().poll_next(cx) {
+            Poll::Ready(Some(Ok(c))) => {
+                run.observe(&c);
+                Poll::Ready(Some(Ok(c)))
+            }
+            Poll::Ready(Some(Err(e))) => {
+                // Streaming began: reported, never retried.
+                run.guard.outcome = Some(Outcome::Failure);
+                let pod = run.pod;
+                this.running = None;
+                Poll::Ready(Some(Err(Error::Backend { pod, source: e })))
+            }
+            Poll::Ready(None) => {
+                run.guard.outcome = Some(Outcome::Success);
+                this.running = None;
+                Poll::Ready(None)
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+/// Runs workflows against a backend, keeping the fleet's counters, the
+/// circuit breaker and the cache feedback current.
+pub struct Executor {
+    backend: Arc<dyn Backend>,
+    fleet: Arc<Fleet>,
+    breaker: Option<Arc<CircuitBreaker>>,
+    feedback: Arc<Feedback>,
+    retry: RetryPolicy,
+}
+
+impl std::fmt::Debug for Executor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Executor")
+            .field("retry", &self.retry)
+            .field("feedback", &self.feedback)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Executor {
+    /// An executor sending to `backend`, choosing among `fleet`'s pods.
+    pub fn new(backend: Arc<dyn Backend>, fleet: Arc<Fleet>, feedback: Arc<Feedback>) -> Self {
+        Executor {
+            backend,
+            fleet,
+            breaker: None,
+            feedback,
+            retry: RetryPolicy::default(),
+        }
+    }
+
+    /// Feeds failures and latencies to `breaker` (use the same breaker as a
+    /// filter in the profiles).
+    pub fn with_breaker(mut self, breaker: Arc<CircuitBreaker>) -> Self {
+        self.breaker = Some(breaker);
+        self
+    }
+
+    /// Sets the retry policy.
+    pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    /// The cache feedback.
+    pub fn feedback(&self) -> &Feedback {
+        &self.feedback
+    }
+
+    /// Runs `workflow` for `request`. Every step but the last runs to
+    /// completion here; the returned [`Execution`] streams the last one.
+    pub async fn execute(
+        &self,
+        workflow: &Workflow,
+        mut ctx: Context,
+        request: StepRequest,
+    ) -> Result<Execution, Error> {
+        let plan = workflow.plan(&ctx, request.prompt_tokens);
+        let Some((last, before)) = plan.split_last() else {
+            return Err(Error::NoPod(router_policy::Error::NoCandidates {
+                filter: "workflow has no steps".into(),
+            }));
+        };
+        let mut req = request;
+        let mut steps = Vec::with_capacity(plan.len());
+        for step in before {
+            req.kind = step.kind;
+            let run = self.start(step, &mut ctx, &req).await?;
+            let pod = run.pod;
+            steps.push((step.kind, pod));
+            let handle = run.drain().await?;
+            ctx.insert(PREFILL_POD, pod);
+            match handle {
+                Some(h) => {
+                    ctx.insert(CACHE_HANDLE, h.clone());
+                    req.handle = Some(h);
+                }
+                None if step.kind == StepKind::Prefill => {
+                    return Err(Error::Protocol {
+                        pod,
+                        what: "prefill returned no cache handle",
+                    });
+                }
+                None => {}
+            }
+        }
+        req.kind = last.kind;
+        let run = self.start(last, &mut ctx, &req).await?;
+        steps.push((last.kind, run.pod));
+        Ok(Execution {
+            steps,
+            running: Some(run),
+        })
+    }
+
+    /// Picks a pod and sends the step until one attempt yields a first
+    /// chunk; a failed pod is excluded from the next attempt.
+    async fn start(
+        &self,
+        step: &Step,
+        ctx: &mut Context,
+        req: &StepRequest,
+    ) -> Result<Running, Error> {
+        let deadline = Instant::now() + step.timeout;
+        let attempts = self.retry.max_attempts.max(1);
+        let mut excluded: Vec<PodId> = Vec::new();
+        let mut last_err = None;
+        let mut pods = Vec::new();
+        let bs = self.feedback.block_size();
+        for attempt in 0..attempts {
+            self.fleet.snapshot_into(&mut pods);
+            pods.retain(|p| !excluded.contains(&p.id));
+            let decision = match step.profile.decide(ctx, &mut pods) {
+                Ok(d) => d,
+                Err(e) => {
+                    return Err(match last_err {
+                        Some(last) => Error::Exhausted {
+                            attempts: attempt,
+                            last: Box::new(last),
+                        },
+                        None => Error::NoPod(e),
+                    });
+                }
+            };
+            let pod = decision.pod;
+            let predicted = ctx.get(CACHE_HITS).map_or(0, |h| h.blocks(pod));
+            let kv_blocks = req.prompt_tokens.div_ceil(bs);
+            let uncached = req.prompt_tokens.saturating_sub(predicted as u64 * bs);
+            let mut guard = InFlight::start(self, pod, uncached, kv_blocks);
+            let backend = self.backend.clone();
+            let sent = req.clone();
+            let attempt_fut = async move {
+                let mut s = backend.send(pod, sent).await?;
+                let first = s.next().await;
+                Ok::<_, BackendError>((s, first))
+            };
+            match tokio::time::timeout_at(deadline, attempt_fut).await {
+                Ok(Ok((stream, Some(Ok(first))))) => {
+                    guard.first_token();
+                    return Ok(Running {
+                        pod,
+                        stream,
+                        first: Some(first),
+                        guard,
+                        deadline: Box::pin(tokio::time::sleep_until(deadline)),
+                        feedback: self.feedback.clone(),
+                        chain: ctx.get(CHAIN).cloned().unwrap_or_default(),
+                        predicted_blocks: predicted,
+                    });
+                }
+                Ok(Ok((_, Some(Err(e))))) | Ok(Err(e)) => {
+                    guard.outcome = Some(Outcome::Failure);
+                    last_err = Some(Error::Backend { pod, source: e });
+                }
+                Ok(Ok((_, None))) => {
+                    guard.outcome = Some(Outcome::Failure);
+                    last_err = Some(Error::Protocol {
+                        pod,
+                        what: "stream ended before its first chunk",
+                    });
+                }
+                Err(_) => {
+                    // The step's deadline passed: no time left to retry.
+                    guard.outcome = Some(Outcome::Failure);
+                    return Err(Error::Timeout { pod });
+                }
+            }
+            drop(guard);
+            excluded.push(pod);
+            if attempt + 1 < attempts {
+                let wake = (Instant::now() + self.retry.wait(attempt)).min(deadline);
+                tokio::time::sleep_until(wake).await;
+            }
+        }
+        Err(Error::Exhausted {
+            attempts,
+            last: Box::new(last_err.unwrap_or(Error::Protocol {
+                pod: PodId::new(0, 0),
+                what: "no attempt made",
+            })),
+        })
+    }
+}
