@@ -23,10 +23,10 @@
 #![forbid(unsafe_code)]
 
 pub use router_core as core;
+pub use router_exec as exec;
 pub use router_hash as hash;
 pub use router_index as index;
 pub use router_policy as policy;
-pub use router_exec as exec;
 
 /// The README's code, compiled and run as a doc test so it stays true.
 #[doc = include_str!("../README.md")]

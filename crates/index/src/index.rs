@@ -265,15 +265,18 @@ impl<const W: usize> Index<W> {
         v
     }
 
-    /// Records that `pod` holds `blocks` in `tier` (a `CacheEvent::Stored`
-    /// without building the event). Idempotent; one lock per shard touched.
-    pub fn store(&self, pod: PodId, tier: Tier, blocks: &[BlockHash]) -> Result<(), Error> {
+    /// The write path shared by stores and removes: checks the pod, takes
+    /// its event lock, then for each shard the blocks fall in, locks the
+    /// shard once, re-checks liveness and calls `f` on each block there.
+    fn write_blocks(
+        &self,
+        pod: PodId,
+        blocks: &[BlockHash],
+        mut f: impl FnMut(&mut ShardInner<W>, &Slot, &mut PodState, u64),
+    ) -> Result<(), Error> {
         let (slot, st) = self.live_slot(pod)?;
-        let s = pod.slot();
         let live = state(pod.epoch(), LIVE);
-        let tier_bit = 1u8 << tier as u8;
         let mut ps = slot.pod.lock();
-        let track = tier != Tier::Gpu || !ps.tiers.is_empty();
         let batch = self.by_shard(blocks);
         for group in batch.chunk_by(|a, b| a.0 == b.0) {
             let mut sh = self.shards[group[0].0 as usize].write();
@@ -284,90 +287,83 @@ impl<const W: usize> Index<W> {
                 self.counters.skipped_dead.fetch_add(1, Ordering::Relaxed);
                 return Err(Error::PodShutDown(pod));
             }
-            let ShardInner {
-                map,
-                slab,
-                residencies,
-            } = &mut *sh;
             for &(_, h) in group {
-                let holders = map.entry(h).or_insert(Holders::EMPTY);
-                let newly = holders.insert(slab, s);
-                if newly {
-                    *residencies += 1;
-                    slot.blocks.fetch_add(1, Ordering::Relaxed);
-                }
-                if track {
-                    let current = if newly {
-                        0
-                    } else {
-                        ps.tiers.get(&h).copied().unwrap_or(TIER_BITS_GPU)
-                    };
-                    let mask = current | tier_bit;
-                    if mask == TIER_BITS_GPU {
-                        ps.tiers.remove(&h);
-                    } else {
-                        ps.tiers.insert(h, mask);
-                    }
-                }
+                f(&mut sh, slot, &mut ps, h);
             }
         }
         self.counters.events_applied.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
-    /// Records that `pod` dropped `blocks` from `tier` (a
-    /// `CacheEvent::Removed`). Absent blocks are ignored.
-    pub fn remove(&self, pod: PodId, tier: Tier, blocks: &[BlockHash]) -> Result<(), Error> {
-        let (slot, st) = self.live_slot(pod)?;
+    /// Records that `pod` holds `blocks` in `tier` (a `CacheEvent::Stored`
+    /// without building the event). Idempotent; one lock per shard touched.
+    pub fn store(&self, pod: PodId, tier: Tier, blocks: &[BlockHash]) -> Result<(), Error> {
         let s = pod.slot();
-        let live = state(pod.epoch(), LIVE);
         let tier_bit = 1u8 << tier as u8;
-        let mut ps = slot.pod.lock();
-        let batch = self.by_shard(blocks);
-        for group in batch.chunk_by(|a, b| a.0 == b.0) {
-            let mut sh = self.shards[group[0].0 as usize].write();
-            if st.load(Ordering::Acquire) != live {
-                self.counters.skipped_dead.fetch_add(1, Ordering::Relaxed);
-                return Err(Error::PodShutDown(pod));
-            }
+        self.write_blocks(pod, blocks, |sh, slot, ps, h| {
             let ShardInner {
                 map,
                 slab,
                 residencies,
-            } = &mut *sh;
-            for &(_, h) in group {
-                let Some(holders) = map.get_mut(&h) else {
-                    continue;
-                };
-                if !holders.contains(slab, s) {
-                    continue;
-                }
-                let current = if ps.tiers.is_empty() {
-                    TIER_BITS_GPU
+            } = sh;
+            let newly = map.entry(h).or_insert(Holders::EMPTY).insert(slab, s);
+            if newly {
+                *residencies += 1;
+                slot.blocks.fetch_add(1, Ordering::Relaxed);
+            }
+            // A fleet with one tier keeps no records and skips this.
+            if tier != Tier::Gpu || !ps.tiers.is_empty() {
+                let current = if newly {
+                    0
                 } else {
                     ps.tiers.get(&h).copied().unwrap_or(TIER_BITS_GPU)
                 };
-                let mask = current & !tier_bit;
-                if mask == current {
-                    continue; // not in that tier: nothing to do
-                }
-                if mask == 0 {
-                    holders.remove(slab, s);
-                    *residencies -= 1;
-                    slot.blocks.fetch_sub(1, Ordering::Relaxed);
-                    if holders.is_empty() {
-                        map.remove(&h);
-                    }
-                    ps.tiers.remove(&h);
-                } else if mask == TIER_BITS_GPU {
+                let mask = current | tier_bit;
+                if mask == TIER_BITS_GPU {
                     ps.tiers.remove(&h);
                 } else {
                     ps.tiers.insert(h, mask);
                 }
             }
-        }
-        self.counters.events_applied.fetch_add(1, Ordering::Relaxed);
-        Ok(())
+        })
+    }
+
+    /// Records that `pod` dropped `blocks` from `tier` (a
+    /// `CacheEvent::Removed`). Absent blocks are ignored.
+    pub fn remove(&self, pod: PodId, tier: Tier, blocks: &[BlockHash]) -> Result<(), Error> {
+        let s = pod.slot();
+        let tier_bit = 1u8 << tier as u8;
+        self.write_blocks(pod, blocks, |sh, slot, ps, h| {
+            let ShardInner {
+                map,
+                slab,
+                residencies,
+            } = sh;
+            let Some(holders) = map.get_mut(&h) else {
+                return;
+            };
+            if !holders.contains(slab, s) {
+                return;
+            }
+            let current = ps.tiers.get(&h).copied().unwrap_or(TIER_BITS_GPU);
+            let mask = current & !tier_bit;
+            if mask == current {
+                return; // not in that tier: nothing to do
+            }
+            if mask == 0 {
+                holders.remove(slab, s);
+                *residencies -= 1;
+                slot.blocks.fetch_sub(1, Ordering::Relaxed);
+                if holders.is_empty() {
+                    map.remove(&h);
+                }
+                ps.tiers.remove(&h);
+            } else if mask == TIER_BITS_GPU {
+                ps.tiers.remove(&h);
+            } else {
+                ps.tiers.insert(h, mask);
+            }
+        })
     }
 
     /// Drops every block of a live pod (an engine's `AllBlocksCleared`)
