@@ -29,6 +29,10 @@ step "loom models of router-index (cfg router_loom, LOOM_MAX_PREEMPTIONS=2, --re
 RUSTFLAGS="--cfg router_loom" LOOM_MAX_PREEMPTIONS=2 CARGO_TARGET_DIR=target/loom \
     cargo test -p router-index --release --locked --lib loom
 
+step "the main job runs (README: cargo run --release --example replay; debug build here)"
+cargo run --locked --example replay -- --quiet --out target/replay-ci
+test -s target/replay-ci/replay.csv && test -s target/replay-ci/replay.json && test -s target/replay-ci/replay.svg
+
 step "cargo doc (RUSTDOCFLAGS=-D warnings)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 

@@ -25,10 +25,10 @@ use toml::Spanned;
 
 use crate::Error;
 use crate::builtin::{
-    BreakerConfig, CacheAwareCost, CircuitBreaker, ConsistentHash, HealthFilter, LeastRequests,
-    LoadScorer, MaxScore, NoCacheSpread, PowerOfTwo, PrefixCacheScorer, PrefixMatchPrepare,
-    RandomPick, RoleFilter, RoundRobin, SessionAffinity, TierAwareScorer, TierWeights,
-    WeightedRandom,
+    BreakerConfig, CacheAwareCost, CircuitBreaker, ConsistentHash, HashAffinity, HealthFilter,
+    LeastRequests, LoadScorer, MaxScore, NoCacheSpread, PowerOfTwo, PrefixCacheScorer,
+    PrefixMatchPrepare, RandomPick, RoleFilter, RoundRobin, SessionAffinity, TierAwareScorer,
+    TierWeights, WeightedRandom,
 };
 use crate::context::{Context, Key, KeyId};
 use crate::keys::{CACHE_HITS, CHAIN, HASH_KEY, PROMPT_TOKENS, SESSION_ID};
@@ -223,6 +223,10 @@ impl Registry {
         r.register("session-affinity", |p, _| {
             p.none()?;
             Ok(Built::Scorer(Box::new(SessionAffinity::default())))
+        });
+        r.register("hash-affinity", |p, _| {
+            p.none()?;
+            Ok(Built::Scorer(Box::new(HashAffinity)))
         });
         r.register("no-cache-spread", |p, _| {
             p.none()?;

@@ -67,6 +67,13 @@ pub use plugin::{
 pub use pod::{Fleet, Outcome, PodState, PodStateSink, Role};
 pub use profile::{Decision, Profile, ProfileBuilder};
 
+/// The weight of prefill work against decode load in the default profile:
+/// Dynamo's default, 1. Higher weights keep more cache hits on the bundled
+/// Mooncake trace (8: 94.6% of the pooled-cache hit rate against 82%) but
+/// let a hot prefix pin traffic: at 2 the hot-prefix test already puts all
+/// requests on 4 of 8 pods (see `docs/BENCHMARKS.md`).
+pub const DEFAULT_OVERLAP_WEIGHT: f64 = 1.0;
+
 /// The default cache-aware profile: query the index once, drop unhealthy
 /// pods, score by [`builtin::CacheAwareCost`] (Dynamo's cost: prefill blocks
 /// left after the cache credit plus decode load), pick the lowest cost with
@@ -78,7 +85,10 @@ pub fn default_profile(index: Arc<dyn router_core::PrefixIndex>, block_size: u64
         .input(keys::PROMPT_TOKENS.id())
         .prepare(builtin::PrefixMatchPrepare::new(index))
         .filter(builtin::HealthFilter)
-        .scorer(builtin::CacheAwareCost::new(1.0, block_size), 1.0)
+        .scorer(
+            builtin::CacheAwareCost::new(DEFAULT_OVERLAP_WEIGHT, block_size),
+            1.0,
+        )
         .picker(builtin::MaxScore::default())
         .build()
         .expect("the default profile is valid") // checked by a unit test

@@ -14,6 +14,6 @@ pub use pickers::{
 };
 pub use prepare::PrefixMatchPrepare;
 pub use scorers::{
-    CacheAwareCost, LoadScorer, NoCacheSpread, PrefixCacheScorer, SessionAffinity, TierAwareScorer,
-    TierWeights,
+    CacheAwareCost, HashAffinity, LoadScorer, NoCacheSpread, PrefixCacheScorer, SessionAffinity,
+    TierAwareScorer, TierWeights,
 };

@@ -213,7 +213,8 @@ impl Default for ConsistentHash {
     }
 }
 
-fn weight(key: u64, pod: &PodState) -> u64 {
+/// The rendezvous-hashing weight of `pod` for `key`.
+pub(crate) fn rendezvous_weight(key: u64, pod: &PodState) -> u64 {
     let mut z = key
         ^ ((pod.id.slot() as u64) << 32 | pod.id.epoch() as u64)
             .wrapping_mul(0x9E37_79B9_7F4A_7C15);
@@ -239,7 +240,7 @@ impl Picker for ConsistentHash {
         pods.iter()
             .enumerate()
             .filter(|(_, p)| (p.in_flight as u64) < bound)
-            .max_by_key(|(_, p)| weight(key, p))
+            .max_by_key(|(_, p)| rendezvous_weight(key, p))
             .map(|(i, _)| i)
     }
 }

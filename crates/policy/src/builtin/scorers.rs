@@ -6,7 +6,7 @@ use parking_lot::Mutex;
 use router_core::{PodId, PrefixIndex, Tier};
 
 use crate::context::{Context, KeyId};
-use crate::keys::{CACHE_HITS, CHAIN, PROMPT_TOKENS, SESSION_ID};
+use crate::keys::{CACHE_HITS, CHAIN, HASH_KEY, PROMPT_TOKENS, SESSION_ID};
 use crate::plugin::{Plugin, Scorer};
 use crate::pod::PodState;
 
@@ -288,6 +288,39 @@ impl Scorer for CacheAwareCost {
         }
         for o in out.iter_mut() {
             *o = if max > 0.0 { 1.0 - *o / max } else { 1.0 };
+        }
+    }
+}
+
+/// `hash-affinity`: the pod that rendezvous hashing of the request's
+/// [`HASH_KEY`] prefers among the candidates scores 1, the others 0. With a
+/// small weight beside a cost scorer it settles near-ties the same way for
+/// every request of a prefix, so cold prefixes partition across pods
+/// instead of being copied wherever load happens to be lowest.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct HashAffinity;
+
+impl Plugin for HashAffinity {
+    fn name(&self) -> &str {
+        "hash-affinity"
+    }
+    fn needs(&self) -> Vec<KeyId> {
+        vec![HASH_KEY.id()]
+    }
+}
+
+impl Scorer for HashAffinity {
+    fn score(&self, ctx: &Context, pods: &[PodState], out: &mut [f64]) {
+        let Some(&key) = ctx.get(HASH_KEY) else {
+            return;
+        };
+        let best = pods
+            .iter()
+            .enumerate()
+            .max_by_key(|(_, p)| super::pickers::rendezvous_weight(key, p))
+            .map(|(i, _)| i);
+        if let Some(i) = best {
+            out[i] = 1.0;
         }
     }
 }

@@ -155,6 +155,28 @@ fn no_cache_spread_balances_cold_requests_and_is_neutral_for_warm() {
     assert_eq!(out, vec![0.0, 0.0]);
 }
 
+#[test]
+fn hash_affinity_prefers_one_pod_per_key_and_is_neutral_without_one() {
+    let ps = pods(8);
+    let mut ctx = Context::new();
+    assert_eq!(scores(&HashAffinity, &ctx, 8), vec![0.0; 8]);
+    let mut favourites = std::collections::HashSet::new();
+    for key in 0..64u64 {
+        ctx.insert(router_policy::keys::HASH_KEY, key);
+        let mut out = vec![0.0; 8];
+        HashAffinity.score(&ctx, &ps, &mut out);
+        assert_eq!(out.iter().filter(|&&x| x == 1.0).count(), 1);
+        let mut again = vec![0.0; 8];
+        HashAffinity.score(&ctx, &ps, &mut again);
+        assert_eq!(out, again, "stable per key");
+        favourites.insert(out.iter().position(|&x| x == 1.0));
+    }
+    assert!(
+        favourites.len() >= 6,
+        "keys spread over pods: {favourites:?}"
+    );
+}
+
 fn pick_counts(p: &dyn Picker, n: usize, rounds: usize, scores: &[f64]) -> HashMap<usize, usize> {
     let ps = pods(n);
     let ctx = Context::new();

@@ -1,0 +1,502 @@
+//! Trace replay through simulated pods, routed by a real profile over a
+//! real index that learns only from the pods' cache events.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::Instant;
+
+use router_core::{BlockHash, CacheEvent, CacheEventSink, PodDirectory, PodId, PodKey};
+use router_index::{Index, IndexConfig};
+use router_policy::keys::{CHAIN, HASH_KEY, PROMPT_TOKENS, SESSION_ID};
+use router_policy::{Context, Fleet, PodState, PodStateSink, Profile, Role};
+
+use crate::cache::{BlockCache, CacheChange};
+use crate::model::CostModel;
+use crate::report::{Report, RequestRecord};
+use crate::trace::{MOONCAKE_BLOCK_TOKENS, Request};
+
+/// The simulated cluster.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct ClusterConfig {
+    /// Pods.
+    pub pods: usize,
+    /// GPU cache capacity per pod, in blocks.
+    pub gpu_blocks: usize,
+    /// CPU cache tier per pod, in blocks (0: none).
+    pub cpu_blocks: usize,
+    /// Tokens per block.
+    pub block_tokens: u64,
+    /// How long a cache event takes to reach the index, milliseconds.
+    pub event_delay_ms: f64,
+    /// Arrival times are divided by this (2 = twice the trace's rate).
+    pub speedup: f64,
+    /// The engine step model.
+    pub model: CostModel,
+    /// Replay in request order with no timing: each request is served
+    /// instantly, so only cache effects count.
+    pub request_order: bool,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            pods: 8,
+            gpu_blocks: 2048,
+            cpu_blocks: 0,
+            block_tokens: MOONCAKE_BLOCK_TOKENS,
+            event_delay_ms: 5.0,
+            speedup: 1.0,
+            model: CostModel::default(),
+            request_order: false,
+        }
+    }
+}
+
+/// Builds a policy's profile over the cluster's index.
+type BuildProfile = Box<dyn Fn(Arc<Index>, &ClusterConfig) -> Profile + Send + Sync>;
+
+/// A routing policy: a name and how to build its profile over the index.
+pub struct Policy {
+    /// The name in reports.
+    pub name: String,
+    build: BuildProfile,
+}
+
+impl std::fmt::Debug for Policy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Policy").field("name", &self.name).finish()
+    }
+}
+
+impl Policy {
+    /// A policy named `name` whose profile `build` makes for a cluster.
+    pub fn new(
+        name: impl Into<String>,
+        build: impl Fn(Arc<Index>, &ClusterConfig) -> Profile + Send + Sync + 'static,
+    ) -> Self {
+        Policy {
+            name: name.into(),
+            build: Box::new(build),
+        }
+    }
+}
+
+/// A trace block id as a router block hash (ids are already prefix-chained).
+pub fn block_hash(id: u64) -> BlockHash {
+    let mut z = id ^ 0xB10C_B10C_B10C_B10C;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    BlockHash(z ^ (z >> 31))
+}
+
+struct Run {
+    req: usize,
+    prefill_left: u64,
+    decoded: u64,
+    computed: Vec<u64>,
+    chunk: u64,
+}
+
+struct SimPod {
+    id: PodId,
+    cache: BlockCache,
+    waiting: VecDeque<usize>,
+    running: Vec<Run>,
+    stepping: bool,
+    step_started: u64,
+    busy_us: u64,
+}
+
+#[derive(PartialEq, Eq, PartialOrd, Ord)]
+enum Kind {
+    // Order within one instant: deliveries, then step ends, then arrivals.
+    Deliver(usize),
+    StepDone(usize),
+    Arrival(usize),
+}
+
+/// Runs one policy over a trace and reports what it reached.
+pub struct Simulation<'a> {
+    cfg: &'a ClusterConfig,
+    trace: &'a [Request],
+    index: Arc<Index>,
+    fleet: Fleet,
+    pods: Vec<SimPod>,
+    profile: Profile,
+    records: Vec<RequestRecord>,
+    queue: BinaryHeap<Reverse<(u64, u64, Kind)>>,
+    seq: u64,
+    pending: Vec<Vec<CacheEvent>>,
+    decision_ns: Vec<u64>,
+    hashes: Vec<Vec<BlockHash>>,
+}
+
+impl std::fmt::Debug for Simulation<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Simulation")
+            .field("pods", &self.pods.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a> Simulation<'a> {
+    /// A cluster of idle pods, an empty index and `policy`'s profile.
+    pub fn new(trace: &'a [Request], cfg: &'a ClusterConfig, policy: &Policy) -> Self {
+        let index = Index::new(IndexConfig::default());
+        let fleet = Fleet::new();
+        let pods = (0..cfg.pods)
+            .map(|i| {
+                let id = index
+                    .join(&PodKey::new(format!("sim://pod-{i}"), 0))
+                    .expect("the index holds 256 pods; the simulator caps pods at that");
+                fleet.upsert(PodState::new(id, Role::Both));
+                SimPod {
+                    id,
+                    cache: BlockCache::new(cfg.gpu_blocks, cfg.cpu_blocks),
+                    waiting: VecDeque::new(),
+                    running: Vec::new(),
+                    stepping: false,
+                    step_started: 0,
+                    busy_us: 0,
+                }
+            })
+            .collect();
+        let profile = (policy.build)(index.clone(), cfg);
+        Simulation {
+            cfg,
+            trace,
+            index,
+            fleet,
+            pods,
+            profile,
+            records: trace
+                .iter()
+                .map(|r| {
+                    let mut rec = RequestRecord::new(r);
+                    rec.arrival_ms =
+                        r.arrival_ms / if cfg.speedup > 0.0 { cfg.speedup } else { 1.0 };
+                    rec
+                })
+                .collect(),
+            queue: BinaryHeap::new(),
+            seq: 0,
+            pending: Vec::new(),
+            decision_ns: Vec::with_capacity(trace.len()),
+            hashes: trace
+                .iter()
+                .map(|r| r.blocks.iter().map(|b| block_hash(*b)).collect())
+                .collect(),
+        }
+    }
+
+    /// The router's index (to inspect after a run).
+    pub fn index(&self) -> &Arc<Index> {
+        &self.index
+    }
+
+    /// Pod `i`'s id and cache (to inspect after a run).
+    pub fn pod(&self, i: usize) -> (PodId, &BlockCache) {
+        (self.pods[i].id, &self.pods[i].cache)
+    }
+
+    fn push(&mut self, at: u64, kind: Kind) {
+        self.seq += 1;
+        self.queue.push(Reverse((at, self.seq, kind)));
+    }
+
+    /// Replays the whole trace, calling `progress` with requests done so far.
+    pub fn run(&mut self, name: &str, mut progress: impl FnMut(usize)) -> Report {
+        if self.cfg.request_order {
+            for r in 0..self.trace.len() {
+                self.request_order_one(r);
+                progress(r + 1);
+            }
+            return Report::build(
+                name,
+                self.cfg,
+                &self.records,
+                &self.decision_ns,
+                &self.busy(),
+            );
+        }
+        let speed = if self.cfg.speedup > 0.0 {
+            self.cfg.speedup
+        } else {
+            1.0
+        };
+        for (r, req) in self.trace.iter().enumerate() {
+            let at = (req.arrival_ms / speed * 1000.0) as u64;
+            self.push(at, Kind::Arrival(r));
+        }
+        let mut done = 0;
+        while let Some(Reverse((t, _, kind))) = self.queue.pop() {
+            match kind {
+                Kind::Arrival(r) => {
+                    let p = self.route(r);
+                    self.records[r].pod = p;
+                    self.pods[p].waiting.push_back(r);
+                    self.sync_fleet(p);
+                    if !self.pods[p].stepping {
+                        self.start_step(p, t);
+                    }
+                }
+                Kind::StepDone(p) => {
+                    done += self.finish_step(p, t);
+                    progress(done);
+                    self.start_step(p, t);
+                }
+                Kind::Deliver(i) => {
+                    let events = std::mem::take(&mut self.pending[i]);
+                    for e in &events {
+                        // Events of live pods always apply.
+                        let _ = self.index.apply(e);
+                    }
+                }
+            }
+        }
+        Report::build(
+            name,
+            self.cfg,
+            &self.records,
+            &self.decision_ns,
+            &self.busy(),
+        )
+    }
+
+    fn busy(&self) -> Vec<u64> {
+        self.pods.iter().map(|p| p.busy_us).collect()
+    }
+
+    fn route(&mut self, r: usize) -> usize {
+        let req = &self.trace[r];
+        let mut ctx = Context::new();
+        ctx.insert(CHAIN, self.hashes[r].clone());
+        ctx.insert(PROMPT_TOKENS, req.input_tokens);
+        ctx.insert(HASH_KEY, block_hash(req.blocks[0]).0);
+        ctx.insert(SESSION_ID, req.session.to_string());
+        let mut pods = Vec::with_capacity(self.pods.len());
+        self.fleet.snapshot_into(&mut pods);
+        let t0 = Instant::now();
+        let decided = self.profile.decide(&mut ctx, &mut pods);
+        self.decision_ns.push(t0.elapsed().as_nanos() as u64);
+        let pod = decided.map(|d| d.pod).unwrap_or(self.pods[0].id);
+        self.pods.iter().position(|p| p.id == pod).unwrap_or(0)
+    }
+
+    fn request_order_one(&mut self, r: usize) {
+        let p = self.route(r);
+        self.records[r].pod = p;
+        let blocks = self.trace[r].blocks.clone();
+        let cache = &mut self.pods[p].cache;
+        if let Some(adm) = cache.admit(&blocks) {
+            self.records[r].hit_blocks = adm.gpu_hits + adm.cpu_hits;
+            cache.computed(&adm.computed);
+            cache.release(&blocks);
+        }
+        // No timing in this mode: served the moment it arrives.
+        self.records[r].first_token_ms = Some(0.0);
+        self.records[r].done_ms = Some(0.0);
+        self.flush_changes(p, 0);
+    }
+
+    /// Turns a pod's cache changes into events for the index, delivered
+    /// after the configured delay.
+    fn flush_changes(&mut self, p: usize, now: u64) {
+        let changes = self.pods[p].cache.drain_changes();
+        if changes.is_empty() {
+            return;
+        }
+        let events = to_events(self.pods[p].id, &changes);
+        let delay = (self.cfg.event_delay_ms * 1000.0) as u64;
+        if delay == 0 || self.cfg.request_order {
+            for e in &events {
+                let _ = self.index.apply(e);
+            }
+        } else {
+            self.pending.push(events);
+            let i = self.pending.len() - 1;
+            self.push(now + delay, Kind::Deliver(i));
+        }
+    }
+
+    fn sync_fleet(&self, p: usize) {
+        let pod = &self.pods[p];
+        let waiting_tokens: u64 = pod
+            .waiting
+            .iter()
+            .map(|&r| self.trace[r].input_tokens)
+            .sum();
+        let running_tokens: u64 = pod.running.iter().map(|r| r.prefill_left).sum();
+        let waiting_blocks: u64 = pod
+            .waiting
+            .iter()
+            .map(|&r| self.trace[r].blocks.len() as u64)
+            .sum();
+        let in_flight = (pod.waiting.len() + pod.running.len()) as u32;
+        let pinned = pod.cache.pinned() as u64;
+        let total = self.cfg.gpu_blocks as u64;
+        self.fleet.update(pod.id, &mut |s| {
+            s.in_flight = in_flight;
+            s.queued_prefill_tokens = waiting_tokens + running_tokens;
+            s.kv_blocks_used = pinned + waiting_blocks;
+            s.kv_blocks_total = total;
+        });
+    }
+
+    fn start_step(&mut self, p: usize, now: u64) {
+        let model = &self.cfg.model;
+        let bt = self.cfg.block_tokens;
+        let mut cpu_loads = 0usize;
+        // Admit waiting requests, oldest first, while the cache can pin them.
+        while self.pods[p].running.len() < model.max_batch {
+            let Some(&r) = self.pods[p].waiting.front() else {
+                break;
+            };
+            let Some(adm) = self.pods[p].cache.admit(&self.trace[r].blocks) else {
+                break;
+            };
+            self.pods[p].waiting.pop_front();
+            let hits = adm.gpu_hits + adm.cpu_hits;
+            cpu_loads += adm.cpu_hits;
+            self.records[r].hit_blocks = hits;
+            let input = self.trace[r].input_tokens;
+            let cached_tokens = (hits as u64 * bt).min(input.saturating_sub(1));
+            self.pods[p].running.push(Run {
+                req: r,
+                prefill_left: (input - cached_tokens).max(1),
+                decoded: 0,
+                computed: adm.computed,
+                chunk: 0,
+            });
+        }
+        let pod = &mut self.pods[p];
+        if pod.running.is_empty() {
+            pod.stepping = false;
+            self.flush_changes(p, now);
+            self.sync_fleet(p);
+            return;
+        }
+        let mut budget = model.token_budget;
+        let mut tokens = 0u64;
+        let mut attention = 0f64;
+        let mut kv_read = 0f64;
+        for run in pod.running.iter_mut().filter(|r| r.prefill_left == 0) {
+            let ctx = self.trace[run.req].input_tokens + run.decoded;
+            kv_read += ctx as f64;
+            tokens += 1;
+            budget = budget.saturating_sub(1);
+        }
+        for run in pod.running.iter_mut().filter(|r| r.prefill_left > 0) {
+            let chunk = run.prefill_left.min(budget);
+            run.chunk = chunk;
+            budget -= chunk;
+            let done_before = self.trace[run.req].input_tokens - run.prefill_left;
+            attention += chunk as f64 * (done_before + chunk) as f64;
+            tokens += chunk;
+        }
+        let step_ms = model.overhead_ms
+            + model.per_token_us * tokens as f64 / 1000.0
+            + model.attention_ns * attention / 1e6
+            + model.kv_read_ns * kv_read / 1e6
+            + model.cpu_load_ms * cpu_loads as f64;
+        let step_us = (step_ms * 1000.0).max(1.0) as u64;
+        pod.stepping = true;
+        pod.step_started = now;
+        self.push(now + step_us, Kind::StepDone(p));
+        self.flush_changes(p, now);
+        self.sync_fleet(p);
+    }
+
+    /// Applies a finished step; returns how many requests completed.
+    fn finish_step(&mut self, p: usize, now: u64) -> usize {
+        let now_ms = now as f64 / 1000.0;
+        let speed = if self.cfg.speedup > 0.0 {
+            self.cfg.speedup
+        } else {
+            1.0
+        };
+        let pod = &mut self.pods[p];
+        pod.busy_us += now - pod.step_started;
+        let mut finished = Vec::new();
+        for (i, run) in pod.running.iter_mut().enumerate() {
+            if run.prefill_left > 0 {
+                if run.chunk == 0 {
+                    continue; // no budget this step
+                }
+                run.prefill_left -= run.chunk;
+                run.chunk = 0;
+                if run.prefill_left > 0 {
+                    continue;
+                }
+                // Prefill done: first token now; its blocks are announced.
+                pod.cache.computed(&run.computed);
+                let arrival = self.trace[run.req].arrival_ms / speed;
+                self.records[run.req].first_token_ms = Some(now_ms - arrival);
+            }
+            run.decoded += 1;
+            if run.decoded >= self.trace[run.req].output_tokens {
+                let arrival = self.trace[run.req].arrival_ms / speed;
+                self.records[run.req].done_ms = Some(now_ms - arrival);
+                finished.push(i);
+            }
+        }
+        for &i in finished.iter().rev() {
+            let run = pod.running.swap_remove(i);
+            pod.cache.release(&self.trace[run.req].blocks);
+        }
+        finished.len()
+    }
+}
+
+/// Groups cache changes into index events, in order.
+fn to_events(pod: PodId, changes: &[CacheChange]) -> Vec<CacheEvent> {
+    let mut out: Vec<CacheEvent> = Vec::new();
+    for c in changes {
+        let h = block_hash(c.block);
+        match out.last_mut() {
+            Some(CacheEvent::Stored { tier, blocks, .. }) if c.stored && *tier == c.tier => {
+                blocks.push(h)
+            }
+            Some(CacheEvent::Removed { tier, blocks, .. }) if !c.stored && *tier == c.tier => {
+                blocks.push(h)
+            }
+            _ => out.push(if c.stored {
+                CacheEvent::Stored {
+                    pod,
+                    tier: c.tier,
+                    blocks: vec![h],
+                }
+            } else {
+                CacheEvent::Removed {
+                    pod,
+                    tier: c.tier,
+                    blocks: vec![h],
+                }
+            }),
+        }
+    }
+    out
+}
+
+/// Hit rates a placement could not beat: one pooled cache with the whole
+/// cluster's GPU capacity, and an infinite cache (every block seen before).
+/// Returns `(pooled, infinite)` block hit rates, replayed in request order.
+pub fn bounds(trace: &[Request], cfg: &ClusterConfig) -> (f64, f64) {
+    let mut pooled = BlockCache::new(cfg.gpu_blocks * cfg.pods, cfg.cpu_blocks * cfg.pods);
+    let mut seen: HashSet<u64> = HashSet::new();
+    let (mut total, mut pooled_hits, mut inf_hits) = (0usize, 0usize, 0usize);
+    for req in trace {
+        total += req.blocks.len();
+        inf_hits += req.blocks.iter().take_while(|b| seen.contains(b)).count();
+        seen.extend(req.blocks.iter().copied());
+        if let Some(adm) = pooled.admit(&req.blocks) {
+            pooled_hits += adm.gpu_hits + adm.cpu_hits;
+            pooled.release(&req.blocks);
+        }
+        pooled.drain_changes();
+    }
+    let t = total.max(1) as f64;
+    (pooled_hits as f64 / t, inf_hits as f64 / t)
+}

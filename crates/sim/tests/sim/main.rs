@@ -1,0 +1,5 @@
+//! Integration tests of router-sim.
+
+mod cache;
+mod replay;
+mod trace;
