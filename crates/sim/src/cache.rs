@@ -162,16 +162,7 @@ impl BlockCache {
                 Some(e) => {
                     // In the CPU tier: load it back into a GPU slot.
                     self.cpu_lru.remove(&e.stamp);
-                    self.make_gpu_room();
-                    self.entries.insert(
-                        *b,
-                        Entry {
-                            tier: Tier::Gpu,
-                            refs: 1,
-                            stamp: 0,
-                        },
-                    );
-                    self.gpu_used += 1;
+                    self.pin_in_new_gpu_slot(*b);
                     self.changes.push(CacheChange {
                         block: *b,
                         tier: Tier::Cpu,
@@ -189,21 +180,26 @@ impl BlockCache {
                     }
                 }
                 None => {
-                    self.make_gpu_room();
-                    self.entries.insert(
-                        *b,
-                        Entry {
-                            tier: Tier::Gpu,
-                            refs: 1,
-                            stamp: 0,
-                        },
-                    );
-                    self.gpu_used += 1;
+                    self.pin_in_new_gpu_slot(*b);
                     adm.computed.push(*b);
                 }
             }
         }
         Some(adm)
+    }
+
+    /// Puts `block` in a GPU slot (evicting if full), pinned once.
+    fn pin_in_new_gpu_slot(&mut self, block: u64) {
+        self.make_gpu_room();
+        self.entries.insert(
+            block,
+            Entry {
+                tier: Tier::Gpu,
+                refs: 1,
+                stamp: 0,
+            },
+        );
+        self.gpu_used += 1;
     }
 
     /// Announces the blocks a request computed (its prefill finished).
