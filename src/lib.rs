@@ -9,6 +9,7 @@
 //!   glue the layers.
 //! - [`hash`]: text to tokens to full blocks to a stable cumulative hash chain.
 //! - [`index`]: the sharded bitmap index answering the longest cached prefix per pod.
+//! - [`events`]: engine KV-cache event batches decoded and ingested in router hashes.
 //! - [`policy`]: filters, scorers and pickers composed into validated profiles.
 //! - [`exec`]: single-step and prefill->decode workflows, retries, accounting, feedback.
 //!
@@ -23,6 +24,7 @@
 #![forbid(unsafe_code)]
 
 pub use router_core as core;
+pub use router_events as events;
 pub use router_exec as exec;
 pub use router_hash as hash;
 pub use router_index as index;

@@ -1,0 +1,265 @@
+//! Engine events to router cache events: router hashes, tiers, groups.
+
+use std::collections::HashMap;
+
+use router_core::{BlockHash, BlockHasher, CacheEvent, CacheEventSink, Namespace, PodId, Tier};
+
+use crate::decode::{BlockRemoved, BlockStored, EngineEvent, EventBatch};
+
+type FastMap<K, V> = HashMap<K, V, ahash::RandomState>;
+
+/// Counts of what ingestion did and skipped, by reason.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct IngestStats {
+    /// Batches applied.
+    pub batches: u64,
+    /// Events turned into router events and applied.
+    pub events_applied: u64,
+    /// Blocks stored (router hashes computed).
+    pub blocks_stored: u64,
+    /// Blocks removed.
+    pub blocks_removed: u64,
+    /// Stores whose parent block the router never saw (a missed event):
+    /// skipped, and the pod marked for resynchronisation.
+    pub unknown_parent: u64,
+    /// Events of other KV-cache groups (sliding window, mamba, ...), which
+    /// do not feed prefix routing.
+    pub other_group: u64,
+    /// Events with a medium the router does not know.
+    pub unknown_medium: u64,
+    /// Stores whose token count did not cover their blocks.
+    pub token_mismatch: u64,
+    /// Removals of blocks the router does not know (already gone).
+    pub unknown_removed: u64,
+    /// Events the sink refused (for example a pod shut down meanwhile).
+    pub sink_refused: u64,
+    /// Events of unknown kinds, skipped by the decoder.
+    pub unknown_events: u64,
+}
+
+/// Maps an engine's medium name to a tier.
+pub fn tier_of(medium: Option<&str>) -> Option<Tier> {
+    match medium {
+        None | Some("GPU") => Some(Tier::Gpu),
+        Some("CPU") | Some("CPU_PINNED") => Some(Tier::Cpu),
+        Some("STORAGE") | Some("DISK") => Some(Tier::Disk),
+        Some("EXTERNAL") => Some(Tier::Remote),
+        Some(_) => None,
+    }
+}
+
+/// What the router knows of one engine block.
+#[derive(Clone, Copy, Debug)]
+struct Known {
+    router: BlockHash,
+    tiers: u8,
+}
+
+#[derive(Debug, Default)]
+struct PodState {
+    blocks: FastMap<u64, Known>,
+    needs_resync: bool,
+}
+
+/// Turns decoded engine batches into router cache events for a sink.
+///
+/// Engines' block hashes are not reproducible across processes, so the
+/// router computes its own: for each stored block, from its tokens and its
+/// parent's router hash (through [`BlockHasher`]). A per-pod map from
+/// engine hash to router hash lets removals find their blocks; an entry
+/// goes when its block has left every tier.
+pub struct Ingestor<H, S> {
+    hasher: H,
+    sink: S,
+    model: Option<String>,
+    default_block_size: u32,
+    pods: FastMap<PodId, PodState>,
+    stats: IngestStats,
+    scratch: Vec<BlockHash>,
+}
+
+impl<H, S> std::fmt::Debug for Ingestor<H, S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ingestor")
+            .field("pods", &self.pods.len())
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<H: BlockHasher, S: CacheEventSink> Ingestor<H, S> {
+    /// Ingests into `sink`, hashing with `hasher` in the namespace of
+    /// `model`; `block_size` is used when an event does not say.
+    pub fn new(hasher: H, sink: S, model: Option<String>, block_size: u32) -> Self {
+        Ingestor {
+            hasher,
+            sink,
+            model,
+            default_block_size: block_size,
+            pods: FastMap::default(),
+            stats: IngestStats::default(),
+            scratch: Vec::new(),
+        }
+    }
+
+    /// The counts so far.
+    pub fn stats(&self) -> IngestStats {
+        self.stats
+    }
+
+    /// The sink.
+    pub fn sink(&self) -> &S {
+        &self.sink
+    }
+
+    /// Whether `pod` missed events and should be resynchronised (replay, or
+    /// [`Ingestor::reset_pod`]).
+    pub fn needs_resync(&self, pod: PodId) -> bool {
+        self.pods.get(&pod).is_some_and(|p| p.needs_resync)
+    }
+
+    /// Drops everything known of `pod` and clears it in the sink, so it
+    /// rebuilds from new events rather than serve stale hits.
+    pub fn reset_pod(&mut self, pod: PodId) {
+        self.pods.remove(&pod);
+        if self.sink.apply(&CacheEvent::Cleared { pod }).is_err() {
+            self.stats.sink_refused += 1;
+        }
+    }
+
+    /// Forgets a pod that left (its index state goes with its shutdown).
+    pub fn forget_pod(&mut self, pod: PodId) {
+        self.pods.remove(&pod);
+    }
+
+    /// Applies one batch from `pod`.
+    pub fn apply_batch(&mut self, pod: PodId, batch: &EventBatch) {
+        self.stats.batches += 1;
+        self.stats.unknown_events += batch.unknown_events as u64;
+        for e in &batch.events {
+            match e {
+                EngineEvent::BlockStored(s) => self.stored(pod, s),
+                EngineEvent::BlockRemoved(r) => self.removed(pod, r),
+                EngineEvent::AllBlocksCleared => {
+                    self.pods.remove(&pod);
+                    self.send(CacheEvent::Cleared { pod });
+                }
+            }
+        }
+    }
+
+    fn send(&mut self, event: CacheEvent) {
+        match self.sink.apply(&event) {
+            Ok(()) => self.stats.events_applied += 1,
+            Err(_) => self.stats.sink_refused += 1,
+        }
+    }
+
+    fn main_group(&mut self, group: Option<u32>, kind: Option<&str>) -> bool {
+        let main = matches!(group, None | Some(0)) && matches!(kind, None | Some("full_attention"));
+        if !main {
+            self.stats.other_group += 1;
+        }
+        main
+    }
+
+    fn stored(&mut self, pod: PodId, s: &BlockStored) {
+        if !self.main_group(s.group_idx, s.kv_cache_spec_kind.as_deref()) {
+            return;
+        }
+        let Some(tier) = tier_of(s.medium.as_deref()) else {
+            self.stats.unknown_medium += 1;
+            return;
+        };
+        let bs = if s.block_size > 0 {
+            s.block_size
+        } else {
+            self.default_block_size
+        } as usize;
+        if bs == 0 || s.block_hashes.is_empty() {
+            return;
+        }
+        let state = self.pods.entry(pod).or_default();
+        let mut parent = match s.parent_block_hash {
+            None => {
+                let mut ns = Namespace::default();
+                ns.model = self.model.clone();
+                ns.lora_name = s.lora_name.clone();
+                ns.cache_salt = s.cache_salt.clone();
+                self.hasher.root(&ns)
+            }
+            Some(ph) => match state.blocks.get(&ph) {
+                Some(k) => k.router,
+                None => {
+                    state.needs_resync = true;
+                    self.stats.unknown_parent += 1;
+                    return;
+                }
+            },
+        };
+        // Do not assume one full block of tokens per hash (vLLM issue
+        // 44451): hash the blocks the tokens cover, count the rest.
+        let covered = (s.token_ids.len() / bs).min(s.block_hashes.len());
+        if covered < s.block_hashes.len() || s.token_ids.len() % bs != 0 {
+            self.stats.token_mismatch += 1;
+        }
+        let bit = 1u8 << tier as u8;
+        self.scratch.clear();
+        for (i, (&engine, tokens)) in s
+            .block_hashes
+            .iter()
+            .zip(s.token_ids.chunks_exact(bs))
+            .enumerate()
+        {
+            let extra: &[u64] = match s.extra_keys.get(i) {
+                Some(Some(k)) => std::slice::from_ref(k),
+                _ => &[],
+            };
+            let router = self.hasher.hash_block(parent, tokens, extra);
+            let known = state
+                .blocks
+                .entry(engine)
+                .or_insert(Known { router, tiers: 0 });
+            known.router = router;
+            known.tiers |= bit;
+            self.scratch.push(router);
+            parent = router;
+        }
+        self.stats.blocks_stored += self.scratch.len() as u64;
+        let blocks = std::mem::take(&mut self.scratch);
+        self.send(CacheEvent::Stored { pod, tier, blocks });
+    }
+
+    fn removed(&mut self, pod: PodId, r: &BlockRemoved) {
+        if !self.main_group(r.group_idx, None) {
+            return;
+        }
+        let Some(tier) = tier_of(r.medium.as_deref()) else {
+            self.stats.unknown_medium += 1;
+            return;
+        };
+        let bit = 1u8 << tier as u8;
+        let Some(state) = self.pods.get_mut(&pod) else {
+            self.stats.unknown_removed += r.block_hashes.len() as u64;
+            return;
+        };
+        let mut blocks = Vec::with_capacity(r.block_hashes.len());
+        for engine in &r.block_hashes {
+            match state.blocks.get_mut(engine) {
+                Some(k) => {
+                    blocks.push(k.router);
+                    k.tiers &= !bit;
+                    if k.tiers == 0 {
+                        state.blocks.remove(engine);
+                    }
+                }
+                None => self.stats.unknown_removed += 1,
+            }
+        }
+        self.stats.blocks_removed += blocks.len() as u64;
+        if !blocks.is_empty() {
+            self.send(CacheEvent::Removed { pod, tier, blocks });
+        }
+    }
+}

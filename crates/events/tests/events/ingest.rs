@@ -1,0 +1,202 @@
+//! Ingestion into a real index, with router hashes from router-hash.
+
+use std::sync::Arc;
+
+use router_core::{BlockHasher, Namespace, PodDirectory, PodKey, PrefixIndex, Tier, TierCounts};
+use router_events::{BlockRemoved, BlockStored, EngineEvent, EventBatch, Ingestor, decode_batch};
+use router_hash::ChainHasher;
+use router_index::{Index, IndexConfig};
+
+use super::{ARRAY_BATCH, bytes};
+
+fn setup() -> (
+    Arc<Index>,
+    Ingestor<ChainHasher, Arc<Index>>,
+    router_core::PodId,
+) {
+    let index = Index::<4>::new(IndexConfig::default());
+    let pod = index.join(&PodKey::new("http://engine:8000", 0)).unwrap();
+    let ingest = Ingestor::new(
+        ChainHasher::new(4).unwrap(),
+        index.clone(),
+        Some("m".into()),
+        4,
+    );
+    (index, ingest, pod)
+}
+
+fn stored(hashes: &[u64], parent: Option<u64>, tokens: &[u32]) -> BlockStored {
+    let mut s = BlockStored::default();
+    s.block_hashes = hashes.to_vec();
+    s.parent_block_hash = parent;
+    s.token_ids = tokens.to_vec();
+    s.block_size = 4;
+    s.medium = Some("GPU".into());
+    s
+}
+
+fn batch(events: Vec<EngineEvent>) -> EventBatch {
+    let mut b = EventBatch::default();
+    b.events = events;
+    b
+}
+
+/// What the request side computes for the same tokens.
+fn router_chain(tokens: &[u32]) -> Vec<router_core::BlockHash> {
+    ChainHasher::new(4)
+        .unwrap()
+        .chain(&Namespace::model("m"), tokens)
+}
+
+#[test]
+fn stored_events_in_engine_hashes_meet_requests_in_router_hashes() {
+    let (index, mut ing, pod) = setup();
+    let tokens: Vec<u32> = (1..=12).collect();
+    // Engine hashes are arbitrary (per-process seeds); a chain in two events.
+    ing.apply_batch(
+        pod,
+        &batch(vec![EngineEvent::BlockStored(stored(
+            &[900, 901],
+            None,
+            &tokens[..8],
+        ))]),
+    );
+    ing.apply_batch(
+        pod,
+        &batch(vec![EngineEvent::BlockStored(stored(
+            &[902],
+            Some(901),
+            &tokens[8..],
+        ))]),
+    );
+    let chain = router_chain(&tokens);
+    assert_eq!(index.match_prefix(&chain).blocks_for(pod), 3);
+    // Removal by engine hash finds the router hash.
+    let mut r = BlockRemoved::default();
+    r.block_hashes = vec![902];
+    r.medium = Some("GPU".into());
+    ing.apply_batch(pod, &batch(vec![EngineEvent::BlockRemoved(r)]));
+    assert_eq!(index.match_prefix(&chain).blocks_for(pod), 2);
+    let st = ing.stats();
+    assert_eq!(
+        (st.blocks_stored, st.blocks_removed, st.events_applied),
+        (3, 1, 3)
+    );
+}
+
+#[test]
+fn the_golden_array_batch_ingests() {
+    let (index, mut ing, pod) = setup();
+    // Its BlockStored names parent 7, which the router never saw: skipped
+    // and counted; its removal finds nothing; its clear starts the pod afresh.
+    ing.apply_batch(pod, &decode_batch(&bytes(ARRAY_BATCH)).unwrap());
+    let st = ing.stats();
+    assert_eq!(
+        (st.unknown_parent, st.unknown_removed, st.events_applied),
+        (1, 1, 1)
+    );
+    assert!(!ing.needs_resync(pod), "the clear leaves nothing stale");
+    assert_eq!(index.pod_blocks(pod), Some(0));
+    // The unknown parent alone marks the pod for resynchronisation.
+    ing.apply_batch(
+        pod,
+        &batch(vec![EngineEvent::BlockStored(stored(
+            &[3],
+            Some(7),
+            &[1, 2, 3, 4],
+        ))]),
+    );
+    assert!(ing.needs_resync(pod));
+    ing.reset_pod(pod);
+    assert!(!ing.needs_resync(pod));
+}
+
+#[test]
+fn duplicates_tiers_groups_and_mismatches() {
+    let (index, mut ing, pod) = setup();
+    let tokens: Vec<u32> = (1..=8).collect();
+    let s = stored(&[1, 2], None, &tokens);
+    // Duplicate stores (vLLM re-announces reused prefixes) change nothing.
+    for _ in 0..3 {
+        ing.apply_batch(pod, &batch(vec![EngineEvent::BlockStored(s.clone())]));
+    }
+    let chain = router_chain(&tokens);
+    assert_eq!(index.pod_blocks(pod), Some(2));
+    // An offloaded copy in CPU: the block stays until it leaves both tiers.
+    let mut cpu = s.clone();
+    cpu.medium = Some("CPU_PINNED".into());
+    ing.apply_batch(pod, &batch(vec![EngineEvent::BlockStored(cpu)]));
+    assert_eq!(
+        index.tier_counts(pod, &chain, 2),
+        Some(TierCounts([2, 2, 0, 0]))
+    );
+    let remove = |medium: &str| {
+        let mut r = BlockRemoved::default();
+        r.block_hashes = vec![1, 2];
+        r.medium = Some(medium.into());
+        batch(vec![EngineEvent::BlockRemoved(r)])
+    };
+    ing.apply_batch(pod, &remove("GPU"));
+    assert_eq!(
+        index.match_prefix(&chain).blocks_for(pod),
+        2,
+        "still on CPU"
+    );
+    ing.apply_batch(pod, &remove("CPU_PINNED"));
+    assert_eq!(index.match_prefix(&chain).blocks_for(pod), 0);
+    // Other KV-cache groups and unknown media do not feed routing.
+    let mut swa = s.clone();
+    swa.group_idx = Some(1);
+    swa.kv_cache_spec_kind = Some("sliding_window".into());
+    let mut odd = s.clone();
+    odd.medium = Some("TAPE".into());
+    // Fewer tokens than blocks: only the covered block is hashed.
+    let short = stored(&[5, 6], None, &tokens[..4]);
+    ing.apply_batch(
+        pod,
+        &batch(vec![
+            EngineEvent::BlockStored(swa),
+            EngineEvent::BlockStored(odd),
+            EngineEvent::BlockStored(short),
+        ]),
+    );
+    let st = ing.stats();
+    assert_eq!(
+        (st.other_group, st.unknown_medium, st.token_mismatch),
+        (1, 1, 1)
+    );
+    assert_eq!(index.match_prefix(&chain).blocks_for(pod), 1);
+    let _ = Tier::Gpu;
+}
+
+#[test]
+fn lora_and_salt_events_hash_in_their_namespace() {
+    let (index, mut ing, pod) = setup();
+    let tokens: Vec<u32> = (1..=4).collect();
+    let mut s = stored(&[1], None, &tokens);
+    s.lora_name = Some("sql".into());
+    ing.apply_batch(pod, &batch(vec![EngineEvent::BlockStored(s)]));
+    let base = router_chain(&tokens);
+    let lora = ChainHasher::new(4)
+        .unwrap()
+        .chain(&Namespace::model("m").with_lora("sql"), &tokens);
+    assert_eq!(index.match_prefix(&base).blocks_for(pod), 0);
+    assert_eq!(index.match_prefix(&lora).blocks_for(pod), 1);
+    let _ = ChainHasher::new(4).unwrap().root(&Namespace::default());
+}
+
+#[test]
+fn a_departed_pod_refuses_events_and_they_are_counted() {
+    let (index, mut ing, pod) = setup();
+    index.shutdown(pod).unwrap();
+    ing.apply_batch(
+        pod,
+        &batch(vec![EngineEvent::BlockStored(stored(
+            &[1],
+            None,
+            &[1, 2, 3, 4],
+        ))]),
+    );
+    assert_eq!(ing.stats().sink_refused, 1);
+    ing.forget_pod(pod);
+}
