@@ -6,7 +6,7 @@ The reference stack is what engines run: Hugging Face `transformers`
 The Rust tests in crates/hash/tests/hash/parity.rs compare against the files
 this writes; regenerate them with
 
-    python3 -m venv .venv && .venv/bin/pip install -r scripts/requirements-parity.txt
+    python3 -m venv .venv && .venv/bin/pip install -r scripts/requirements.txt
     .venv/bin/python scripts/gen_parity_golden.py
 
 and `--check` compares freshly generated output with the committed files.

@@ -10,7 +10,7 @@ step "Python reference stack in .venv (parity goldens; later the event publisher
 if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
-.venv/bin/pip install --quiet --disable-pip-version-check -r scripts/requirements-parity.txt
+.venv/bin/pip install --quiet --disable-pip-version-check -r scripts/requirements.txt
 
 step "Goldens agree with the reference implementations"
 .venv/bin/python scripts/gen_hash_golden.py --check

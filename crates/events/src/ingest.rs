@@ -128,6 +128,21 @@ impl<H: BlockHasher, S: CacheEventSink> Ingestor<H, S> {
         }
     }
 
+    /// Blocks the router knows `pod` holds, per tier (from the events).
+    pub fn tier_counts(&self, pod: PodId) -> router_core::TierCounts {
+        let mut c = router_core::TierCounts::default();
+        if let Some(state) = self.pods.get(&pod) {
+            for k in state.blocks.values() {
+                for t in Tier::ALL {
+                    if k.tiers & (1 << t as u8) != 0 {
+                        c[t] += 1;
+                    }
+                }
+            }
+        }
+        c
+    }
+
     /// Forgets a pod that left (its index state goes with its shutdown).
     pub fn forget_pod(&mut self, pod: PodId) {
         self.pods.remove(&pod);

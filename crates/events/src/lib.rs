@@ -11,23 +11,28 @@
 //!
 //! Decoding is strict and total: truncated, oversized or ill-typed input is
 //! a [`DecodeError`], never a panic, and nothing is allocated for a length
-//! the message cannot hold.
+//! the message cannot hold. [`Subscriber`] follows many engines over
+//! ZeroMQ (a pure-Rust implementation, tested against libzmq through
+//! pyzmq), tracks sequence numbers, heals gaps by replay and clears a pod
+//! whose gap cannot be replayed.
 //!
-//! ```
-//! use router_core::{BlockHash, BlockHasher, CacheEventSink, Namespace, PodDirectory, PodKey, PrefixIndex};
-//! use router_events::{Ingestor, decode_batch};
-//! # struct Sum;
-//! # impl BlockHasher for Sum {
-//! #     fn root(&self, _: &Namespace) -> BlockHash { BlockHash(1) }
-//! #     fn hash_block(&self, p: BlockHash, t: &[u32], _: &[u64]) -> BlockHash {
-//! #         BlockHash(p.0.wrapping_mul(31) + t.iter().map(|&x| x as u64).sum::<u64>())
-//! #     }
-//! # }
-//! # fn wire(index: std::sync::Arc<impl CacheEventSink + PodDirectory + PrefixIndex + 'static>, payload: &[u8]) -> Result<(), Box<dyn std::error::Error>> {
-//! // A gateway wires a pod's event stream to its index:
+//! A gateway wires engines' streams to its index in a few lines:
+//!
+//! ```no_run
+//! # async fn wire() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::sync::Arc;
+//! use router_core::{PodDirectory, PodKey};
+//! use router_events::{PodStream, Subscriber};
+//! use router_hash::ChainHasher;
+//! use router_index::{Index, IndexConfig};
+//!
+//! let index = Index::<4>::new(IndexConfig::default());
+//! let hasher = Arc::new(ChainHasher::new(16)?); // the engines' block size
+//! let events = Subscriber::new(hasher, index.clone(), index.clone(), Some("Qwen/Qwen3-8B".into()), 16);
 //! let pod = index.join(&PodKey::new("http://10.0.0.7:8000", 0))?;
-//! let mut ingest = Ingestor::new(Sum, index.clone(), Some("Qwen/Qwen3-8B".into()), 16);
-//! ingest.apply_batch(pod, &decode_batch(payload)?);
+//! events.add(PodStream::new(pod, "tcp://10.0.0.7:5557").replay("tcp://10.0.0.7:5558").topic("kv-events"));
+//! // ... route with `index` as a `PrefixIndex`; when the pod goes away:
+//! events.remove(pod);
 //! # Ok(()) }
 //! ```
 #![forbid(unsafe_code)]
@@ -36,7 +41,9 @@ mod decode;
 mod error;
 mod ingest;
 mod msgpack;
+mod subscriber;
 
 pub use decode::{BlockRemoved, BlockStored, EngineEvent, EventBatch, decode_batch};
 pub use error::DecodeError;
 pub use ingest::{IngestStats, Ingestor, tier_of};
+pub use subscriber::{PodHealth, PodStream, StreamStats, Subscriber};

@@ -3,6 +3,7 @@
 
 mod decode;
 mod ingest;
+mod zmq;
 
 /// Bytes from a spec of hex tokens and `"text"` tokens, space separated
 /// (the notation of the design brief's examples).
