@@ -270,6 +270,26 @@ const STORED_ORDER: [&str; 11] = [
 ];
 const REMOVED_ORDER: [&str; 3] = ["block_hashes", "medium", "group_idx"];
 
+/// Reads `fields` positional fields named by `order` into a `T` with
+/// `set`; fields past the known ones (newer versions) are skipped.
+fn positional<T: Default>(
+    r: &mut Reader<'_>,
+    fields: usize,
+    order: &[&str],
+    set: impl Fn(&mut Reader<'_>, &mut T, &str) -> Result<(), DecodeError>,
+) -> Result<T, DecodeError> {
+    let mut out = T::default();
+    for i in 0..fields {
+        match order.get(i) {
+            Some(name) => set(r, &mut out, name)?,
+            None => {
+                r.skip()?;
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// One event; `None` for an unknown tag (skipped).
 fn event(r: &mut Reader<'_>) -> Result<Option<EngineEvent>, DecodeError> {
     match r.peek()? {
@@ -281,40 +301,24 @@ fn event(r: &mut Reader<'_>) -> Result<Option<EngineEvent>, DecodeError> {
             let tag = r.str()?;
             let fields = n - 1;
             let out = match tag {
-                "BlockStored" => {
-                    let mut s = BlockStored::default();
-                    for i in 0..fields {
-                        match STORED_ORDER.get(i) {
-                            Some(name) => stored_field(r, &mut s, name)?,
-                            None => {
-                                r.skip()?;
-                            }
-                        }
-                    }
-                    Some(EngineEvent::BlockStored(s))
-                }
-                "BlockRemoved" => {
-                    let mut s = BlockRemoved::default();
-                    for i in 0..fields {
-                        match REMOVED_ORDER.get(i) {
-                            Some(name) => removed_field(r, &mut s, name)?,
-                            None => {
-                                r.skip()?;
-                            }
-                        }
-                    }
-                    Some(EngineEvent::BlockRemoved(s))
-                }
+                "BlockStored" => Some(EngineEvent::BlockStored(positional(
+                    r,
+                    fields,
+                    &STORED_ORDER,
+                    stored_field,
+                )?)),
+                "BlockRemoved" => Some(EngineEvent::BlockRemoved(positional(
+                    r,
+                    fields,
+                    &REMOVED_ORDER,
+                    removed_field,
+                )?)),
                 "AllBlocksCleared" => {
-                    for _ in 0..fields {
-                        r.skip()?;
-                    }
+                    positional(r, fields, &[], |_, _: &mut (), _| Ok(()))?;
                     Some(EngineEvent::AllBlocksCleared)
                 }
                 _ => {
-                    for _ in 0..fields {
-                        r.skip()?;
-                    }
+                    positional(r, fields, &[], |_, _: &mut (), _| Ok(()))?;
                     None
                 }
             };
