@@ -22,6 +22,16 @@ fn request(tokens: u64) -> StepRequest {
     StepRequest::new(json!({"model": "m", "prompt": "hi"}), tokens)
 }
 
+/// One request of 16 tokens, single dispatch, pods preferred in slot order.
+async fn single(exec: &Executor) -> Result<router_exec::Execution, Error> {
+    exec.execute(
+        &Workflow::single(in_slot_order()),
+        Context::new(),
+        request(16),
+    )
+    .await
+}
+
 async fn collect(mut e: router_exec::Execution) -> Vec<Result<Chunk, Error>> {
     let mut out = Vec::new();
     while let Some(c) = e.next().await {
@@ -161,14 +171,7 @@ async fn a_failed_attempt_retries_on_another_pod_and_feeds_the_breaker() {
         c
     }));
     let exec = executor(&backend, &fleet).with_breaker(breaker.clone());
-    let e = exec
-        .execute(
-            &Workflow::single(in_slot_order()),
-            Context::new(),
-            request(16),
-        )
-        .await
-        .unwrap();
+    let e = single(&exec).await.unwrap();
     assert_eq!(e.pod(), Some(ids[2]));
     let pods: Vec<_> = backend.calls().iter().map(|c| c.pod).collect();
     assert_eq!(pods, ids, "slot 0, then 1 (0 excluded), then 2");
@@ -186,14 +189,7 @@ async fn exhausted_retries_are_a_typed_error() {
         backend.script(*id, [Script::FailFirst]);
     }
     let exec = executor(&backend, &fleet);
-    let err = exec
-        .execute(
-            &Workflow::single(in_slot_order()),
-            Context::new(),
-            request(16),
-        )
-        .await
-        .unwrap_err();
+    let err = single(&exec).await.unwrap_err();
     match err {
         Error::Exhausted { attempts: 3, last } => assert!(matches!(*last, Error::Backend { .. })),
         other => panic!("unexpected {other:?}"),
@@ -204,14 +200,7 @@ async fn exhausted_retries_are_a_typed_error() {
     let (small, small_ids) = super::fleet(&[Role::Both]);
     let backend = ScriptedBackend::new();
     backend.script(small_ids[0], [Script::FailToConnect]);
-    let err = executor(&backend, &small)
-        .execute(
-            &Workflow::single(in_slot_order()),
-            Context::new(),
-            request(16),
-        )
-        .await
-        .unwrap_err();
+    let err = single(&executor(&backend, &small)).await.unwrap_err();
     assert!(
         matches!(err, Error::Exhausted { attempts: 1, .. }),
         "{err:?}"
@@ -224,14 +213,7 @@ async fn an_error_after_streaming_began_is_reported_not_retried() {
     let backend = ScriptedBackend::new();
     backend.script(ids[0], [Script::FailAfter(1)]);
     let exec = executor(&backend, &fleet);
-    let e = exec
-        .execute(
-            &Workflow::single(in_slot_order()),
-            Context::new(),
-            request(16),
-        )
-        .await
-        .unwrap();
+    let e = single(&exec).await.unwrap();
     let chunks = collect(e).await;
     assert!(chunks[0].is_ok());
     assert!(matches!(chunks[1], Err(Error::Backend { .. })));
@@ -276,14 +258,7 @@ async fn a_caller_going_away_cancels_the_backend_stream() {
     let backend = ScriptedBackend::new();
     backend.script(ids[0], [Script::Slow(Duration::from_millis(5))]);
     let exec = executor(&backend, &fleet);
-    let mut e = exec
-        .execute(
-            &Workflow::single(in_slot_order()),
-            Context::new(),
-            request(16),
-        )
-        .await
-        .unwrap();
+    let mut e = single(&exec).await.unwrap();
     assert!(e.next().await.unwrap().is_ok());
     assert_eq!(backend.open_streams(), 1);
     drop(e);
