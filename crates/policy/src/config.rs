@@ -25,10 +25,10 @@ use toml::Spanned;
 
 use crate::Error;
 use crate::builtin::{
-    BreakerConfig, CacheAwareCost, CircuitBreaker, ConsistentHash, HashAffinity, HealthFilter,
-    LeastRequests, LoadScorer, MaxScore, NoCacheSpread, PowerOfTwo, PrefixCacheScorer,
-    PrefixMatchPrepare, RandomPick, RoleFilter, RoundRobin, SessionAffinity, TierAwareScorer,
-    TierWeights, WeightedRandom,
+    BoundedLoad, BreakerConfig, CacheAwareCost, CircuitBreaker, ConsistentHash, HashAffinity,
+    HealthFilter, LeastRequests, LoadScorer, MaxScore, NoCacheSpread, PowerOfTwo,
+    PrefixCacheScorer, PrefixMatchPrepare, RandomPick, RoleFilter, RoundRobin, SessionAffinity,
+    TierAwareScorer, TierWeights, WeightedRandom,
 };
 use crate::context::{Context, Key, KeyId};
 use crate::keys::{CACHE_HITS, CHAIN, HASH_KEY, PROMPT_TOKENS, SESSION_ID};
@@ -200,6 +200,10 @@ impl Registry {
         r.register("role", |p, _| {
             let RoleParams { role } = p.parse()?;
             Ok(Built::Filter(Box::new(RoleFilter::new(role))))
+        });
+        r.register("bounded-load", |p, _| {
+            let h: HashParams = p.parse()?;
+            Ok(Built::Filter(Box::new(BoundedLoad::new(h.load_factor))))
         });
         r.register("circuit-breaker", |p, _| {
             let c: BreakerConfig = p.parse()?;
@@ -433,6 +437,9 @@ impl Prepare for Renamed<dyn Prepare> {
 impl Filter for Renamed<dyn Filter> {
     fn keep(&self, ctx: &Context, pod: &PodState) -> bool {
         self.inner.keep(ctx, pod)
+    }
+    fn retain(&self, ctx: &Context, pods: &mut Vec<PodState>) {
+        self.inner.retain(ctx, pods)
     }
 }
 

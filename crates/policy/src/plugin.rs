@@ -36,6 +36,13 @@ pub trait Prepare: Plugin {
 pub trait Filter: Plugin {
     /// Whether `pod` may serve this request.
     fn keep(&self, ctx: &Context, pod: &PodState) -> bool;
+
+    /// Keeps the candidates that may serve this request. Defaults to
+    /// [`Filter::keep`] per pod; filters that judge a pod against the others
+    /// (a load bound) override this.
+    fn retain(&self, ctx: &Context, pods: &mut Vec<PodState>) {
+        pods.retain(|p| self.keep(ctx, p));
+    }
 }
 
 /// Stage 3: scores candidates in `0..=1` (higher is better). A scorer with

@@ -73,7 +73,7 @@ impl Profile {
             p.prepare(ctx, pods);
         }
         for f in &self.filters {
-            pods.retain(|p| f.keep(ctx, p));
+            f.retain(ctx, pods);
             if pods.is_empty() {
                 return Err(Error::NoCandidates {
                     filter: f.name().to_owned(),

@@ -8,7 +8,7 @@ mod prepare;
 mod scorers;
 
 pub use breaker::{BreakerConfig, CircuitBreaker};
-pub use filters::{HealthFilter, RoleFilter};
+pub use filters::{BoundedLoad, HealthFilter, RoleFilter};
 pub use pickers::{
     ConsistentHash, LeastRequests, MaxScore, PowerOfTwo, RandomPick, RoundRobin, WeightedRandom,
 };
