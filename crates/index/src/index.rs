@@ -688,7 +688,6 @@ impl<const W: usize> CacheEventSink for Index<W> {
             CacheEvent::PodShutdown { pod } => self.shutdown(*pod),
             // `CacheEvent` is non-exhaustive: a kind this index does not
             // know is refused, not guessed at.
-            #[allow(unreachable_patterns)] // reachable once router-core grows a kind
             _ => Err(Error::UnknownPod(event.pod())),
         }
     }

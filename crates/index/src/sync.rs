@@ -2,6 +2,10 @@
 //! replace them under `cfg(router_loom)` (tokio's `src/loom`, crossbeam's
 //! `primitive`). Run the models with
 //! `RUSTFLAGS="--cfg router_loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p router-index --release --lib loom`.
+//!
+//! Not routed through here: the list of sweeper threads (`std::sync::Mutex`
+//! in `index.rs`), touched only to start and wake sweepers, which the models
+//! run synchronously instead.
 
 #[cfg(not(router_loom))]
 pub(crate) use parking_lot::{Mutex, RwLock};

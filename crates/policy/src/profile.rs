@@ -80,18 +80,19 @@ impl Profile {
                 });
             }
         }
-        let mut total = vec![0.0; pods.len()];
-        let mut one = vec![0.0; pods.len()];
+        // One allocation for the running total and one scorer's scores.
+        let mut buf = vec![0.0; 2 * pods.len()];
+        let (total, one) = buf.split_at_mut(pods.len());
         for (s, w) in &self.scorers {
             one.iter_mut().for_each(|x| *x = 0.0);
-            s.score(ctx, pods, &mut one);
-            for (t, x) in total.iter_mut().zip(&one) {
+            s.score(ctx, pods, one);
+            for (t, x) in total.iter_mut().zip(one.iter()) {
                 *t += w * x;
             }
         }
         let i = self
             .picker
-            .pick(ctx, pods, &total)
+            .pick(ctx, pods, total)
             .filter(|&i| i < pods.len())
             .unwrap_or(0);
         let chosen = &pods[i];

@@ -110,27 +110,8 @@ fn wide_bitmaps_hold_1024_pods() {
     }
     let m = index.match_prefix(&c);
     assert_eq!(m.pods().len(), 1024);
-    assert_eq!(
-        m,
-        index.match_prefix_linear(&c).clone().tap_probes(m.probes())
-    );
+    assert_eq!(m.pods(), index.match_prefix_linear(&c).pods());
     assert_eq!(m.blocks_for(pods[1023]), 1 + 1023 % 40);
-}
-
-/// Compares ignoring probe counts.
-trait TapProbes {
-    fn tap_probes(self, probes: u32) -> Self;
-}
-
-impl TapProbes for router_core::PrefixMatch {
-    fn tap_probes(self, probes: u32) -> Self {
-        let mut out = router_core::PrefixMatch::new(self.chain_len());
-        for p in self.pods() {
-            out.push(*p);
-        }
-        out.add_probes(probes);
-        out
-    }
 }
 
 #[test]

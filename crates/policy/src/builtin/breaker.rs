@@ -106,16 +106,20 @@ impl CircuitBreaker {
             return true;
         }
         let mut pods = self.pods.lock();
-        match pods.get_mut(&pod) {
-            None | Some(State::Closed { .. }) => true,
-            Some(State::Open { until }) if now >= *until => {
-                *pods.get_mut(&pod).expect("present") = State::HalfOpen { probing: true };
+        let Some(st) = pods.get_mut(&pod) else {
+            return true;
+        };
+        match *st {
+            State::Closed { .. } => true,
+            State::Open { until } if now >= until => {
+                *st = State::HalfOpen { probing: true };
                 true
             }
-            Some(State::Open { .. }) => false,
-            Some(State::HalfOpen { probing }) => {
-                // One probe at a time.
-                !std::mem::replace(probing, true)
+            State::Open { .. } => false,
+            // One probe at a time.
+            State::HalfOpen { probing } => {
+                *st = State::HalfOpen { probing: true };
+                !probing
             }
         }
     }

@@ -179,5 +179,4 @@ picker = { type = "max-score" }
     let dup = "[profiles.d]\nfilters = [{ type = \"health\" }, { type = \"health\" }]\npicker = { type = \"random\" }\n";
     let (_, msg) = line_of(reg.load(dup).unwrap_err());
     assert!(msg.contains("two plugins are named `health`"), "{msg}");
-    let _ = MaxScore::default();
 }
