@@ -83,6 +83,12 @@ pub struct StreamStats {
     pub replayed: u64,
     /// Pods cleared because a gap could not be replayed.
     pub resets: u64,
+    /// Event lag of the latest batch applied, in microseconds: our clock
+    /// when it was applied minus the publisher's timestamp (meaningful on
+    /// one host or with synchronised clocks; 0 when ahead).
+    pub last_lag_us: u64,
+    /// The largest event lag seen, in microseconds.
+    pub max_lag_us: u64,
 }
 
 #[derive(Debug, Default)]
@@ -94,6 +100,8 @@ struct Counters {
     gaps: AtomicU64,
     replayed: AtomicU64,
     resets: AtomicU64,
+    last_lag_us: AtomicU64,
+    max_lag_us: AtomicU64,
 }
 
 /// The gateway's health feed: a pod reported down leaves the index.
@@ -200,6 +208,8 @@ impl Subscriber {
             gaps: c.gaps.load(Ordering::Relaxed),
             replayed: c.replayed.load(Ordering::Relaxed),
             resets: c.resets.load(Ordering::Relaxed),
+            last_lag_us: c.last_lag_us.load(Ordering::Relaxed),
+            max_lag_us: c.max_lag_us.load(Ordering::Relaxed),
         }
     }
 
@@ -246,7 +256,16 @@ fn seq_of(frame: &[u8]) -> Option<u64> {
 
 fn apply(ingest: &SharedIngestor, counters: &Counters, pod: PodId, payload: &[u8]) {
     match decode_batch(payload) {
-        Ok(batch) => ingest.lock().apply_batch(pod, &batch),
+        Ok(batch) => {
+            ingest.lock().apply_batch(pod, &batch);
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64());
+            // A NaN or future timestamp saturates to 0.
+            let lag = ((now - batch.ts) * 1e6).max(0.0) as u64;
+            counters.last_lag_us.store(lag, Ordering::Relaxed);
+            counters.max_lag_us.fetch_max(lag, Ordering::Relaxed);
+        }
         Err(e) => {
             counters.decode_errors.fetch_add(1, Ordering::Relaxed);
             eprintln!("router-events: pod {pod}: skipped a batch: {e}");

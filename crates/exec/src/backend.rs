@@ -74,6 +74,15 @@ pub enum BackendError {
     /// The pod failed the request.
     #[error("pod failed the request: {0}")]
     Failed(String),
+    /// The pod refused the request as invalid (an HTTP 4xx). Any pod would,
+    /// so it is not retried, and it says nothing about the pod's health.
+    #[error("request rejected with status {status}: {body}")]
+    Rejected {
+        /// The status the pod answered with.
+        status: u16,
+        /// What it said.
+        body: String,
+    },
 }
 
 /// A step's response.

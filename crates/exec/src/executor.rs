@@ -65,7 +65,8 @@ struct InFlight {
     prefill_left: u64,
     kv_blocks: u64,
     started: Instant,
-    /// `None`: cancelled by the caller, which says nothing about the pod.
+    /// `None`: cancelled by the caller or rejected as invalid, which says
+    /// nothing about the pod.
     outcome: Option<Outcome>,
 }
 
@@ -382,6 +383,13 @@ impl Executor {
                         chain: ctx.get(CHAIN).cloned().unwrap_or_default(),
                         predicted_blocks: predicted,
                     });
+                }
+                Ok(Ok((_, Some(Err(e @ BackendError::Rejected { .. })))))
+                | Ok(Err(e @ BackendError::Rejected { .. })) => {
+                    // The request's fault, not the pod's: neither retried
+                    // nor counted against the pod.
+                    guard.outcome = None;
+                    return Err(Error::Backend { pod, source: e });
                 }
                 Ok(Ok((_, Some(Err(e))))) | Ok(Err(e)) => {
                     guard.outcome = Some(Outcome::Failure);

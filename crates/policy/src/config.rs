@@ -110,6 +110,14 @@ struct FileSpec {
     profiles: BTreeMap<String, ProfileSpec>,
 }
 
+/// The `profiles` table of a larger document whose other tables belong to
+/// the embedder (who checks them).
+#[derive(Deserialize)]
+struct EmbeddedSpec {
+    #[serde(default)]
+    profiles: BTreeMap<String, ProfileSpec>,
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ProfileSpec {
@@ -165,6 +173,18 @@ struct HashParams {
 impl Default for HashParams {
     fn default() -> Self {
         HashParams { load_factor: 1.25 }
+    }
+}
+
+/// The 1-based line of byte `offset` in `text`.
+fn line_at(text: &str, offset: usize) -> usize {
+    text[..offset.min(text.len())].matches('\n').count() + 1
+}
+
+fn toml_error(text: &str, e: &toml::de::Error) -> Error {
+    Error::Config {
+        line: e.span().map_or(0, |s| line_at(text, s.start)),
+        message: e.message().to_owned(),
     }
 }
 
@@ -294,15 +314,28 @@ impl Registry {
         self.keys.insert(key.name().to_owned(), key.id());
     }
 
-    /// Loads every profile of a TOML document.
+    /// Loads every profile of a TOML document holding only `[profiles.*]`.
     pub fn load(&self, text: &str) -> Result<BTreeMap<String, Profile>, Error> {
-        let line_of = |offset: usize| text[..offset.min(text.len())].matches('\n').count() + 1;
-        let file: FileSpec = toml::from_str(text).map_err(|e| Error::Config {
-            line: e.span().map_or(0, |s| line_of(s.start)),
-            message: e.message().to_owned(),
-        })?;
+        let file: FileSpec = toml::from_str(text).map_err(|e| toml_error(text, &e))?;
+        self.build_all(text, file.profiles)
+    }
+
+    /// Loads the `[profiles.*]` of a larger TOML document (a gateway's
+    /// configuration file), ignoring its other tables; line numbers in
+    /// errors are the document's. No `profiles` table yields no profiles.
+    pub fn load_embedded(&self, text: &str) -> Result<BTreeMap<String, Profile>, Error> {
+        let file: EmbeddedSpec = toml::from_str(text).map_err(|e| toml_error(text, &e))?;
+        self.build_all(text, file.profiles)
+    }
+
+    fn build_all(
+        &self,
+        text: &str,
+        profiles: BTreeMap<String, ProfileSpec>,
+    ) -> Result<BTreeMap<String, Profile>, Error> {
+        let line_of = |offset: usize| line_at(text, offset);
         let mut out = BTreeMap::new();
-        for (name, spec) in file.profiles {
+        for (name, spec) in profiles {
             let mut b = Profile::builder(name.clone());
             for input in &spec.inputs {
                 let key = self

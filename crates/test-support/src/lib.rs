@@ -31,6 +31,8 @@ pub enum Script {
     FailFirst,
     /// The default chunks, then an error after `n` of them.
     FailAfter(usize),
+    /// The stream's first item says the request is invalid (an HTTP 400).
+    Reject,
     /// Never answers.
     Hang,
     /// The default chunks, each after `delay`.
@@ -187,6 +189,13 @@ impl Backend for ScriptedBackend {
                 let e = fail();
                 let items: Vec<_> = chunks.into_iter().take(n).map(Ok).chain([Err(e)]).collect();
                 async move { track(futures::stream::iter(items).boxed()) }.boxed()
+            }
+            Script::Reject => {
+                let e = BackendError::Rejected {
+                    status: 400,
+                    body: "scripted rejection".into(),
+                };
+                async move { track(futures::stream::iter([Err(e)]).boxed()) }.boxed()
             }
             Script::Hang => futures::future::pending().boxed(),
             Script::Slow(delay) => async move {

@@ -208,6 +208,35 @@ async fn exhausted_retries_are_a_typed_error() {
 }
 
 #[tokio::test]
+async fn a_rejected_request_is_neither_retried_nor_held_against_the_pod() {
+    let (fleet, ids) = fleet(&[Role::Both, Role::Both]);
+    let backend = ScriptedBackend::new();
+    for id in &ids {
+        backend.script(*id, [Script::Reject]);
+    }
+    let breaker = Arc::new(CircuitBreaker::new({
+        let mut c = BreakerConfig::default();
+        c.failures = 1;
+        c
+    }));
+    let exec = executor(&backend, &fleet).with_breaker(breaker.clone());
+    let err = single(&exec).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Backend {
+                source: router_exec::BackendError::Rejected { status: 400, .. },
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(backend.calls().len(), 1, "not retried on the other pod");
+    assert!(!breaker.is_tripped(backend.calls()[0].pod));
+    assert_idle(&fleet, &ids);
+}
+
+#[tokio::test]
 async fn an_error_after_streaming_began_is_reported_not_retried() {
     let (fleet, ids) = fleet(&[Role::Both, Role::Both]);
     let backend = ScriptedBackend::new();

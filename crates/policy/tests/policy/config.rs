@@ -180,3 +180,17 @@ picker = { type = "max-score" }
     let (_, msg) = line_of(reg.load(dup).unwrap_err());
     assert!(msg.contains("two plugins are named `health`"), "{msg}");
 }
+
+#[test]
+fn profiles_embedded_in_a_larger_document_keep_its_line_numbers() {
+    let (reg, _) = registry();
+    let doc = "[gateway]\nmodel = \"m\"\n\n[profiles.a]\npicker = { type = \"round-robin\" }\n";
+    let profiles = reg.load_embedded(doc).unwrap();
+    assert_eq!(profiles.keys().collect::<Vec<_>>(), ["a"]);
+    // The strict loader refuses the gateway's table; the embedded one does not.
+    assert!(reg.load(doc).is_err());
+    assert!(reg.load_embedded("[gateway]\n").unwrap().is_empty());
+    let bad = "[gateway]\nx = 1\n[profiles.a]\npicker = { type = \"max-scor\" }\n";
+    let (line, message) = line_of(reg.load_embedded(bad).unwrap_err());
+    assert_eq!(line, 4, "{message}");
+}
