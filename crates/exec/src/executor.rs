@@ -234,9 +234,25 @@ impl Stream for Execution {
     }
 }
 
+/// Watches an executor's decisions and failed attempts (metrics, logs).
+/// Every method has a default that does nothing.
+pub trait Observer: Send + Sync {
+    /// A step's profile chose `pod`; the decision took `took`.
+    fn decided(&self, kind: StepKind, pod: PodId, took: Duration) {
+        let _ = (kind, pod, took);
+    }
+
+    /// An attempt on `pod` failed before its first chunk (`will_retry`: the
+    /// step goes on to another pod).
+    fn attempt_failed(&self, pod: PodId, error: &Error, will_retry: bool) {
+        let _ = (pod, error, will_retry);
+    }
+}
+
 /// Runs workflows against a backend, keeping the fleet's counters, the
 /// circuit breaker and the cache feedback current.
 pub struct Executor {
+    observer: Option<Arc<dyn Observer>>,
     backend: Arc<dyn Backend>,
     fleet: Arc<Fleet>,
     breaker: Option<Arc<CircuitBreaker>>,
@@ -257,6 +273,7 @@ impl Executor {
     /// An executor sending to `backend`, choosing among `fleet`'s pods.
     pub fn new(backend: Arc<dyn Backend>, fleet: Arc<Fleet>, feedback: Arc<Feedback>) -> Self {
         Executor {
+            observer: None,
             backend,
             fleet,
             breaker: None,
@@ -269,6 +286,12 @@ impl Executor {
     /// filter in the profiles).
     pub fn with_breaker(mut self, breaker: Arc<CircuitBreaker>) -> Self {
         self.breaker = Some(breaker);
+        self
+    }
+
+    /// Reports decisions and failed attempts to `observer`.
+    pub fn with_observer(mut self, observer: Arc<dyn Observer>) -> Self {
+        self.observer = Some(observer);
         self
     }
 
@@ -346,6 +369,7 @@ impl Executor {
         for attempt in 0..attempts {
             self.fleet.snapshot_into(&mut pods);
             pods.retain(|p| !excluded.contains(&p.id));
+            let decide_start = std::time::Instant::now();
             let decision = match step.profile.decide(ctx, &mut pods) {
                 Ok(d) => d,
                 Err(e) => {
@@ -359,6 +383,9 @@ impl Executor {
                 }
             };
             let pod = decision.pod;
+            if let Some(o) = &self.observer {
+                o.decided(step.kind, pod, decide_start.elapsed());
+            }
             let predicted = ctx.get(CACHE_HITS).map_or(0, |h| h.blocks(pod));
             let kv_blocks = req.prompt_tokens.div_ceil(bs);
             let uncached = req.prompt_tokens.saturating_sub(predicted as u64 * bs);
@@ -409,6 +436,9 @@ impl Executor {
                 }
             }
             drop(guard);
+            if let (Some(o), Some(e)) = (&self.observer, &last_err) {
+                o.attempt_failed(pod, e, attempt + 1 < attempts);
+            }
             excluded.push(pod);
             if attempt + 1 < attempts {
                 let wake = (Instant::now() + self.retry.wait(attempt)).min(deadline);

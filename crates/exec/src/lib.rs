@@ -19,7 +19,8 @@
 //!   [`Chunk`], [`StepKind`].
 //! - [`Workflow`], [`Step`], [`Shortcut`]; context keys [`PREFILL_POD`] and
 //!   [`CACHE_HANDLE`] for the decode decision.
-//! - [`Executor`] with [`RetryPolicy`]; [`Execution`] is the caller's stream.
+//! - [`Executor`] with [`RetryPolicy`] and an optional [`Observer`];
+//!   [`Execution`] is the caller's stream.
 //! - [`Feedback`]: the engine's reported cached tokens against the router's
 //!   prediction, optionally correcting the index.
 //!
@@ -56,6 +57,6 @@ mod workflow;
 
 pub use backend::{Backend, BackendError, Chunk, ChunkStream, StepKind, StepRequest};
 pub use error::Error;
-pub use executor::{Execution, Executor, RetryPolicy};
+pub use executor::{Execution, Executor, Observer, RetryPolicy};
 pub use feedback::{Feedback, FeedbackStats};
 pub use workflow::{CACHE_HANDLE, PREFILL_POD, Shortcut, Step, Workflow};

@@ -170,9 +170,31 @@ async fn a_failed_attempt_retries_on_another_pod_and_feeds_the_breaker() {
         c.failures = 1;
         c
     }));
-    let exec = executor(&backend, &fleet).with_breaker(breaker.clone());
+    #[derive(Default)]
+    struct Seen(
+        parking_lot::Mutex<Vec<(router_core::PodId, bool)>>,
+        std::sync::atomic::AtomicUsize,
+    );
+    impl router_exec::Observer for Seen {
+        fn decided(&self, _: StepKind, _: router_core::PodId, _: Duration) {
+            self.1.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        fn attempt_failed(&self, pod: router_core::PodId, _: &Error, will_retry: bool) {
+            self.0.lock().push((pod, will_retry));
+        }
+    }
+    let seen = Arc::new(Seen::default());
+    let exec = executor(&backend, &fleet)
+        .with_breaker(breaker.clone())
+        .with_observer(seen.clone());
     let e = single(&exec).await.unwrap();
     assert_eq!(e.pod(), Some(ids[2]));
+    assert_eq!(*seen.0.lock(), [(ids[0], true), (ids[1], true)]);
+    assert_eq!(
+        seen.1.load(std::sync::atomic::Ordering::SeqCst),
+        3,
+        "three decisions"
+    );
     let pods: Vec<_> = backend.calls().iter().map(|c| c.pod).collect();
     assert_eq!(pods, ids, "slot 0, then 1 (0 excluded), then 2");
     assert!(breaker.is_tripped(ids[0]) && breaker.is_tripped(ids[1]));
