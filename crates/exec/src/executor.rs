@@ -192,6 +192,13 @@ impl Execution {
     pub fn pod(&self) -> Option<PodId> {
         self.steps.last().map(|s| s.1)
     }
+
+    /// Blocks of the request's chain the index said the last step's pod
+    /// held when it was chosen (the prediction the engine's reported
+    /// cached tokens are compared with).
+    pub fn predicted_cached_blocks(&self) -> u32 {
+        self.running.as_ref().map_or(0, |r| r.predicted_blocks)
+    }
 }
 
 impl Stream for Execution {

@@ -1,0 +1,238 @@
+//! router-exec's [`Backend`] over HTTP: OpenAI-compatible engines (vLLM,
+//! SGLang, the simulated ones).
+//!
+//! One pooled client for every pod (keep-alive connections are reused);
+//! connecting has its own timeout, and the executor's step deadline bounds
+//! the rest. Dropping the stream drops the response, which closes the
+//! connection: the engine sees the client go and aborts the request.
+//! Streamed responses are decoded as server-sent events as they arrive and
+//! passed on chunk by chunk; the usage a chunk carries is also reported as
+//! [`Chunk::Usage`] for the cache feedback.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use futures::{FutureExt, StreamExt};
+use parking_lot::RwLock;
+use router_core::PodId;
+use router_exec::{Backend, BackendError, Chunk, ChunkStream, StepKind, StepRequest};
+use serde_json::{Value, json};
+
+use crate::openai::{self, Api};
+use crate::sse::SseDecoder;
+
+/// Engines reached over HTTP, by pod.
+#[derive(Debug)]
+pub struct HttpBackend {
+    client: reqwest::Client,
+    urls: RwLock<HashMap<PodId, Arc<str>>>,
+}
+
+impl HttpBackend {
+    /// A backend connecting within `connect_timeout`.
+    pub fn new(connect_timeout: Duration) -> Result<Self, reqwest::Error> {
+        let client = reqwest::Client::builder()
+            .connect_timeout(connect_timeout)
+            .pool_idle_timeout(Duration::from_secs(90))
+            .pool_max_idle_per_host(64)
+            .tcp_nodelay(true)
+            .no_proxy()
+            .build()?;
+        Ok(HttpBackend {
+            client,
+            urls: RwLock::new(HashMap::new()),
+        })
+    }
+
+    /// Routes `pod` to the engine at `url` (its base, without `/v1`).
+    pub fn set(&self, pod: PodId, url: &str) {
+        self.urls
+            .write()
+            .insert(pod, Arc::from(url.trim_end_matches('/')));
+    }
+
+    /// Forgets `pod`.
+    pub fn remove(&self, pod: PodId) {
+        self.urls.write().remove(&pod);
+    }
+}
+
+/// The body a step sends: a prefill runs one token without streaming and
+/// asks for a cache handle (vLLM's disaggregated-serving protocol,
+/// `kv_transfer_params`); a decode step carries the handle it got.
+fn step_body(req: StepRequest) -> Value {
+    let mut body = req.body;
+    match req.kind {
+        StepKind::Prefill => {
+            body["max_tokens"] = json!(1);
+            body["stream"] = json!(false);
+            if let Some(o) = body.as_object_mut() {
+                o.remove("stream_options");
+                o.remove("max_completion_tokens");
+            }
+            body["kv_transfer_params"] = json!({
+                "do_remote_decode": true, "do_remote_prefill": false,
+                "remote_engine_id": null, "remote_block_ids": null,
+                "remote_host": null, "remote_port": null,
+            });
+        }
+        StepKind::Decode => {
+            if let Some(h) = req.handle {
+                body["kv_transfer_params"] = h;
+            }
+        }
+        StepKind::Full => {}
+    }
+    body
+}
+
+/// A transport error: unreachable pods are retried elsewhere.
+fn transport(e: &reqwest::Error) -> BackendError {
+    if e.is_connect() || e.is_timeout() {
+        BackendError::Unavailable(e.to_string())
+    } else {
+        BackendError::Failed(e.to_string())
+    }
+}
+
+/// The chunks of a whole (non-streamed) response.
+fn whole_chunks(v: Value) -> Vec<Result<Chunk, BackendError>> {
+    let mut out = Vec::with_capacity(3);
+    if let Some((prompt_tokens, cached_tokens)) = openai::usage_of(&v) {
+        out.push(Ok(Chunk::Usage {
+            prompt_tokens,
+            cached_tokens,
+        }));
+    }
+    if let Some(h) = v.get("kv_transfer_params").filter(|h| !h.is_null()) {
+        out.push(Ok(Chunk::Handle(h.clone())));
+    }
+    out.push(Ok(Chunk::Data(v)));
+    out
+}
+
+struct SseState {
+    body: futures::stream::BoxStream<'static, reqwest::Result<bytes::Bytes>>,
+    decoder: SseDecoder,
+    ready: VecDeque<Result<Chunk, BackendError>>,
+    events: Vec<String>,
+    done: bool,
+}
+
+/// Decodes a streamed response into chunks, one per event, as they come.
+fn sse_chunks(resp: reqwest::Response) -> ChunkStream {
+    let state = SseState {
+        body: resp.bytes_stream().boxed(),
+        decoder: SseDecoder::default(),
+        ready: VecDeque::new(),
+        events: Vec::new(),
+        done: false,
+    };
+    futures::stream::unfold(state, |mut st| async move {
+        loop {
+            if let Some(c) = st.ready.pop_front() {
+                return Some((c, st));
+            }
+            if st.done {
+                return None;
+            }
+            match st.body.next().await {
+                None => {
+                    st.done = true;
+                    st.ready.push_back(Err(BackendError::Failed(
+                        "the stream ended without [DONE]".into(),
+                    )));
+                }
+                Some(Err(e)) => {
+                    st.done = true;
+                    st.ready.push_back(Err(transport(&e)));
+                }
+                Some(Ok(bytes)) => {
+                    if let Err(e) = st.decoder.feed(&bytes, &mut st.events) {
+                        st.done = true;
+                        st.ready.push_back(Err(BackendError::Failed(e.to_string())));
+                        continue;
+                    }
+                    for data in st.events.drain(..) {
+                        if data == "[DONE]" {
+                            st.done = true;
+                            break;
+                        }
+                        match serde_json::from_str::<Value>(&data) {
+                            Ok(v) => {
+                                if let Some((prompt_tokens, cached_tokens)) = openai::usage_of(&v) {
+                                    st.ready.push_back(Ok(Chunk::Usage {
+                                        prompt_tokens,
+                                        cached_tokens,
+                                    }));
+                                }
+                                st.ready.push_back(Ok(Chunk::Data(v)));
+                            }
+                            Err(e) => {
+                                st.done = true;
+                                st.ready.push_back(Err(BackendError::Failed(format!(
+                                    "a streamed chunk is not JSON: {e}"
+                                ))));
+                                break;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    })
+    .boxed()
+}
+
+impl Backend for HttpBackend {
+    fn send(
+        &self,
+        pod: PodId,
+        req: StepRequest,
+    ) -> BoxFuture<'static, Result<ChunkStream, BackendError>> {
+        let base = self.urls.read().get(&pod).cloned();
+        let client = self.client.clone();
+        async move {
+            let base =
+                base.ok_or_else(|| BackendError::Unavailable(format!("{pod} has no URL")))?;
+            let api = Api::of_body(&req.body);
+            let body = step_body(req);
+            let resp = client
+                .post(format!("{base}{}", api.path()))
+                .json(&body)
+                .send()
+                .await
+                .map_err(|e| transport(&e))?;
+            let status = resp.status();
+            if !status.is_success() {
+                let code = status.as_u16();
+                let text = resp.text().await.unwrap_or_default();
+                // 408 and 429 say "not now", not "never": another pod may take it.
+                return Err(if status.is_client_error() && code != 408 && code != 429 {
+                    BackendError::Rejected {
+                        status: code,
+                        body: text,
+                    }
+                } else {
+                    BackendError::Failed(format!("status {code}: {text}"))
+                });
+            }
+            let streamed = resp
+                .headers()
+                .get(reqwest::header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|ct| ct.starts_with("text/event-stream"));
+            if streamed {
+                return Ok(sse_chunks(resp));
+            }
+            let v: Value = resp
+                .json()
+                .await
+                .map_err(|e| BackendError::Failed(format!("a response that is not JSON: {e}")))?;
+            Ok(futures::stream::iter(whole_chunks(v)).boxed())
+        }
+        .boxed()
+    }
+}

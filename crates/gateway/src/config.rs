@@ -1,0 +1,308 @@
+//! The gateway's configuration file (TOML).
+//!
+//! ```toml
+//! [gateway]
+//! listen = "127.0.0.1:8000"
+//! model = "Qwen/Qwen3-0.6B"            # the name clients send
+//! tokenizer = "assets/tokenizers/qwen3" # tokenizer.json + tokenizer_config.json
+//! block_size = 16                      # the engines' --block-size
+//! profile = "cache-aware"              # one of [profiles.*] below
+//!
+//! [[pods]]
+//! name = "vllm-0"
+//! url = "http://10.0.0.7:8000"
+//! events = "tcp://10.0.0.7:5557"
+//! replay = "tcp://10.0.0.7:5558"
+//!
+//! [profiles.cache-aware]
+//! # as router-policy's configuration
+//! ```
+//!
+//! Relative paths are taken from the file's directory. Unknown keys are
+//! refused with their line; the `[profiles.*]` tables are router-policy's
+//! and checked by its registry.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use router_policy::Role;
+use serde::Deserialize;
+
+use crate::Error;
+use crate::wire::Encoding;
+
+/// The whole file.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct Config {
+    /// The gateway itself.
+    pub gateway: GatewayConfig,
+    /// The engines to route to.
+    #[serde(default)]
+    pub pods: Vec<PodConfig>,
+    /// Simulated engines to start on loopback (added to `pods`).
+    pub simulated: Option<SimulatedConfig>,
+    /// Routing profiles (router-policy's format), kept as text for its
+    /// registry, which reports errors with this file's line numbers.
+    #[serde(default, rename = "profiles")]
+    profiles_table: Option<toml::Table>,
+    /// The file's text.
+    #[serde(skip)]
+    pub(crate) text: String,
+    /// The file it came from, for `POST /admin/reload`.
+    #[serde(skip)]
+    pub(crate) path: Option<PathBuf>,
+}
+
+/// The `[gateway]` table.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct GatewayConfig {
+    /// Address to serve on (`127.0.0.1:0`: any free port).
+    #[serde(default = "default_listen")]
+    pub listen: SocketAddr,
+    /// The served model's name, as clients send it and engines expect it.
+    pub model: String,
+    /// Directory with the model's `tokenizer.json` (and
+    /// `tokenizer_config.json` with its chat template).
+    pub tokenizer: PathBuf,
+    /// Tokens per KV block, as the engines are configured.
+    #[serde(default = "default_block_size")]
+    pub block_size: u32,
+    /// The routing profile, one of `[profiles.*]`.
+    #[serde(default = "default_profile")]
+    pub profile: String,
+    /// Largest request body accepted, in bytes (413 beyond).
+    #[serde(default = "default_max_body")]
+    pub max_body_bytes: usize,
+    /// A request's deadline from routing to its last chunk, in ms (504).
+    #[serde(default = "default_timeout")]
+    pub request_timeout_ms: u64,
+    /// Connecting to an engine, in ms.
+    #[serde(default = "default_connect_timeout")]
+    pub connect_timeout_ms: u64,
+    /// Attempts per request, on different pods.
+    #[serde(default = "default_attempts")]
+    pub max_attempts: usize,
+    /// Prompts tokenized at once (off the async threads).
+    #[serde(default = "default_tokenize")]
+    pub tokenize_concurrency: usize,
+    /// Interval of the engines' health probes, in ms.
+    #[serde(default = "default_health_interval")]
+    pub health_interval_ms: u64,
+    /// Failed probes in a row before a pod is taken out.
+    #[serde(default = "default_unhealthy_after")]
+    pub unhealthy_after: u32,
+}
+
+/// One engine (one data-parallel rank).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct PodConfig {
+    /// A unique name.
+    pub name: String,
+    /// The engine's OpenAI-compatible HTTP base URL.
+    pub url: String,
+    /// Its KV-event publisher (vLLM `--kv-events-config` `endpoint`, with
+    /// the host filled in), if it publishes events.
+    #[serde(default)]
+    pub events: Option<String>,
+    /// Its replay endpoint (`replay_endpoint`).
+    #[serde(default)]
+    pub replay: Option<String>,
+    /// The event topic (`topic`; empty: all).
+    #[serde(default)]
+    pub topic: String,
+    /// Its role.
+    #[serde(default, with = "role_name")]
+    pub role: Role,
+}
+
+impl PodConfig {
+    /// A pod serving whole requests at `url`, without events.
+    pub fn new(name: impl Into<String>, url: impl Into<String>) -> Self {
+        PodConfig {
+            name: name.into(),
+            url: url.into(),
+            events: None,
+            replay: None,
+            topic: String::new(),
+            role: Role::Both,
+        }
+    }
+
+    /// With an event endpoint and, optionally, a replay endpoint.
+    pub fn with_events(mut self, events: impl Into<String>, replay: Option<String>) -> Self {
+        self.events = Some(events.into());
+        self.replay = replay;
+        self
+    }
+}
+
+mod role_name {
+    use router_policy::Role;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(role: &Role, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(match role {
+            Role::Prefill => "prefill",
+            Role::Decode => "decode",
+            Role::Both => "both",
+        })
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Role, D::Error> {
+        Role::deserialize(d)
+    }
+}
+
+/// The `[simulated]` table: engines the gateway starts itself.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct SimulatedConfig {
+    /// How many.
+    pub engines: usize,
+    /// Their event encoding.
+    #[serde(default)]
+    pub encoding: Encoding,
+    /// Multiplies every modelled duration (0.1: ten times faster than the
+    /// modelled GPU).
+    #[serde(default = "one")]
+    pub time_scale: f64,
+    /// KV blocks each engine's GPU holds.
+    #[serde(default = "default_gpu_blocks")]
+    pub gpu_blocks: usize,
+    /// `max_tokens` when a request gives none.
+    #[serde(default = "default_max_tokens")]
+    pub default_max_tokens: u32,
+}
+
+fn default_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 8000))
+}
+fn default_block_size() -> u32 {
+    16
+}
+fn default_profile() -> String {
+    "cache-aware".into()
+}
+fn default_max_body() -> usize {
+    4 << 20
+}
+fn default_timeout() -> u64 {
+    60_000
+}
+fn default_connect_timeout() -> u64 {
+    1_000
+}
+fn default_attempts() -> usize {
+    3
+}
+fn default_tokenize() -> usize {
+    2
+}
+fn default_health_interval() -> u64 {
+    1_000
+}
+fn default_unhealthy_after() -> u32 {
+    2
+}
+fn one() -> f64 {
+    1.0
+}
+fn default_gpu_blocks() -> usize {
+    4096
+}
+fn default_max_tokens() -> u32 {
+    16
+}
+
+/// The bundled configuration: four simulated engines serving Qwen3's
+/// tokenizer, with several profiles to compare.
+pub const DEFAULT_CONFIG: &str = include_str!("../gateway.toml");
+
+impl Config {
+    /// Parses `text`, taking relative paths from `base`.
+    pub fn parse(text: &str, base: &Path) -> Result<Config, Error> {
+        let mut c: Config = toml::from_str(text).map_err(|e| Error::Config {
+            line: e.span().map_or(0, |s| line_at(text, s.start)),
+            message: e.message().to_owned(),
+        })?;
+        c.text = text.to_owned();
+        if c.gateway.tokenizer.is_relative() {
+            c.gateway.tokenizer = base.join(&c.gateway.tokenizer);
+        }
+        c.check()?;
+        Ok(c)
+    }
+
+    /// Reads and parses the file at `path`.
+    pub fn load(path: &Path) -> Result<Config, Error> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::Io {
+            path: path.to_owned(),
+            source: e,
+        })?;
+        let mut c = Config::parse(&text, path.parent().unwrap_or(Path::new(".")))?;
+        c.path = Some(path.to_owned());
+        Ok(c)
+    }
+
+    /// Whether the file has `[profiles.*]` of its own (otherwise the
+    /// gateway uses router-policy's default profile).
+    pub fn has_profiles(&self) -> bool {
+        self.profiles_table.as_ref().is_some_and(|t| !t.is_empty())
+    }
+
+    fn check(&self) -> Result<(), Error> {
+        let bad = |message: String| Err(Error::Config { line: 0, message });
+        let g = &self.gateway;
+        if g.block_size == 0 {
+            return bad("gateway.block_size must be at least 1".into());
+        }
+        if g.max_attempts == 0 || g.tokenize_concurrency == 0 {
+            return bad("gateway.max_attempts and tokenize_concurrency must be at least 1".into());
+        }
+        if let Some(s) = &self.simulated
+            && !(s.time_scale.is_finite() && s.time_scale >= 0.0)
+        {
+            return bad(format!(
+                "simulated.time_scale must be a finite number >= 0, got {}",
+                s.time_scale
+            ));
+        }
+        check_pods(&self.pods)
+    }
+}
+
+/// Pod names must be unique and URLs HTTP.
+pub(crate) fn check_pods(pods: &[PodConfig]) -> Result<(), Error> {
+    let mut seen = std::collections::HashSet::new();
+    for p in pods {
+        if !seen.insert(p.name.as_str()) {
+            return Err(Error::Pods(format!("two pods are named `{}`", p.name)));
+        }
+        if !(p.url.starts_with("http://") || p.url.starts_with("https://")) {
+            return Err(Error::Pods(format!(
+                "pod `{}`: url `{}` is not http(s)://",
+                p.name, p.url
+            )));
+        }
+        for ep in p.events.iter().chain(p.replay.iter()) {
+            if !ep.starts_with("tcp://") {
+                return Err(Error::Pods(format!(
+                    "pod `{}`: event endpoint `{ep}` is not tcp://",
+                    p.name
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn line_at(text: &str, offset: usize) -> usize {
+    text[..offset.min(text.len())].matches('\n').count() + 1
+}

@@ -1,0 +1,636 @@
+//! A simulated engine: an OpenAI-compatible HTTP server whose timing
+//! follows router-sim's cost model and which publishes vLLM-format KV
+//! events over ZeroMQ, so the gateway exercises every byte of its real path
+//! with no GPU.
+//!
+//! Per request: the prompt is tokenized exactly as the gateway does (the
+//! shared [`crate::openai::prompt_tokens`]), cut into blocks hashed with the
+//! engine's own per-process seed (like vLLM without `PYTHONHASHSEED`: the
+//! router cannot reproduce them and must map them); the blocks are admitted
+//! to a router-sim [`BlockCache`] (vLLM's LRU order); the uncached part
+//! waits for the engine's single prefill lane for
+//!
+//! ```text
+//! prefill = overhead + per_token * new + attention * new * (cached + new / 2)
+//! ```
+//!
+//! then the computed blocks are announced (`BlockStored`, evictions as
+//! `BlockRemoved`) on the PUB socket, and tokens stream one per
+//! `overhead + per_token + kv_read * context`, all times `time_scale`. The
+//! response's `usage.prompt_tokens_details.cached_tokens` is what the cache
+//! held, as vLLM reports it. A ROUTER socket serves replays of the last
+//! batches (vLLM's `replay_endpoint` protocol).
+//!
+//! Each engine runs on its own thread and runtime: [`SimEngine::kill`]
+//! drops the runtime, which closes the listener, every open connection and
+//! the sockets at once, as a crashed process would.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use parking_lot::Mutex;
+use router_hash::ModelTokenizer;
+use router_sim::{BlockCache, CostModel};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
+
+use crate::Error;
+use crate::openai::{self, Api, ApiError};
+use crate::wire::{Encoding, WireEvent, encode_batch};
+
+/// How a simulated engine behaves.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct EngineConfig {
+    /// The served model name.
+    pub model: String,
+    /// The model's tokenizer.
+    pub tokenizer: Arc<ModelTokenizer>,
+    /// Tokens per KV block.
+    pub block_size: u32,
+    /// KV blocks on the GPU.
+    pub gpu_blocks: usize,
+    /// Step-time constants.
+    pub cost: CostModel,
+    /// Multiplies every modelled duration.
+    pub time_scale: f64,
+    /// Event encoding.
+    pub encoding: Encoding,
+    /// Event topic.
+    pub topic: String,
+    /// Batches kept for replay.
+    pub replay_buffer: usize,
+    /// `max_tokens` when a request gives none.
+    pub default_max_tokens: u32,
+}
+
+impl EngineConfig {
+    /// An engine serving `model` with `tokenizer` and the defaults: 16-token
+    /// blocks, 4096 GPU blocks, the cost model's defaults at full time,
+    /// map-encoded events, a 10000-batch replay buffer.
+    pub fn new(model: impl Into<String>, tokenizer: Arc<ModelTokenizer>) -> Self {
+        EngineConfig {
+            model: model.into(),
+            tokenizer,
+            block_size: 16,
+            gpu_blocks: 4096,
+            cost: CostModel::default(),
+            time_scale: 1.0,
+            encoding: Encoding::Map,
+            topic: String::new(),
+            replay_buffer: 10_000,
+            default_max_tokens: 16,
+        }
+    }
+
+    /// Sets the block size.
+    pub fn block_size(mut self, tokens: u32) -> Self {
+        self.block_size = tokens.max(1);
+        self
+    }
+
+    /// Sets the GPU's capacity in blocks.
+    pub fn gpu_blocks(mut self, blocks: usize) -> Self {
+        self.gpu_blocks = blocks;
+        self
+    }
+
+    /// Sets the time scale.
+    pub fn time_scale(mut self, scale: f64) -> Self {
+        self.time_scale = scale;
+        self
+    }
+
+    /// Sets the event encoding.
+    pub fn encoding(mut self, encoding: Encoding) -> Self {
+        self.encoding = encoding;
+        self
+    }
+
+    /// Sets the default `max_tokens`.
+    pub fn default_max_tokens(mut self, n: u32) -> Self {
+        self.default_max_tokens = n.max(1);
+        self
+    }
+}
+
+/// A running simulated engine.
+#[derive(Debug)]
+pub struct SimEngine {
+    url: String,
+    events: String,
+    replay: String,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl SimEngine {
+    /// Starts an engine on loopback (HTTP, PUB and ROUTER on free ports).
+    pub fn start(config: EngineConfig) -> Result<SimEngine, Error> {
+        let bind_err = |what: &str, e: &dyn std::fmt::Display| Error::Bind {
+            what: what.into(),
+            message: e.to_string(),
+        };
+        let listener = std::net::TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+            .map_err(|e| bind_err("127.0.0.1:0", &e))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| bind_err("127.0.0.1:0", &e))?;
+        let http = listener
+            .local_addr()
+            .map_err(|e| bind_err("127.0.0.1:0", &e))?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| bind_err("engine runtime", &e))?;
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name(format!("sim-engine-{}", http.port()))
+            .spawn(move || {
+                rt.block_on(async move {
+                    match run(config, listener).await {
+                        Ok((events, replay, tasks)) => {
+                            let _ = ready_tx.send(Ok((events, replay)));
+                            // Runs until killed; dropping the runtime then
+                            // ends every task and closes every socket.
+                            let _ = stop_rx.await;
+                            drop(tasks);
+                        }
+                        Err(e) => {
+                            let _ = ready_tx.send(Err(e));
+                        }
+                    }
+                });
+            })
+            .map_err(|e| bind_err("engine thread", &e))?;
+        let (events, replay) = ready_rx.recv().map_err(|e| bind_err("engine", &e))??;
+        Ok(SimEngine {
+            url: format!("http://{http}"),
+            events,
+            replay,
+            stop: Some(stop_tx),
+            thread: Some(thread),
+        })
+    }
+
+    /// The HTTP base URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The KV-event publisher endpoint.
+    pub fn events_endpoint(&self) -> &str {
+        &self.events
+    }
+
+    /// The replay endpoint.
+    pub fn replay_endpoint(&self) -> &str {
+        &self.replay
+    }
+
+    /// Stops the engine as a crash would: listener, connections and sockets
+    /// close at once. Idempotent.
+    pub fn kill(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for SimEngine {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+struct Engine {
+    cfg: EngineConfig,
+    seed: u64,
+    cache: Mutex<BlockCache>,
+    /// When the prefill lane is next free.
+    lane: Mutex<Instant>,
+    events: mpsc::UnboundedSender<Vec<WireEvent>>,
+    next_id: AtomicU64,
+}
+
+type Tasks = Vec<tokio::task::JoinHandle<()>>;
+
+async fn run(
+    cfg: EngineConfig,
+    listener: std::net::TcpListener,
+) -> Result<(String, String, Tasks), Error> {
+    let bind_err = |what: &str, e: &dyn std::fmt::Display| Error::Bind {
+        what: what.into(),
+        message: e.to_string(),
+    };
+    let listener = tokio::net::TcpListener::from_std(listener).map_err(|e| bind_err("http", &e))?;
+    let mut publisher = PubSocket::new();
+    let events = publisher
+        .bind("tcp://127.0.0.1:0")
+        .await
+        .map_err(|e| bind_err("events", &e))?
+        .to_string();
+    let mut router = RouterSocket::new();
+    let replay = router
+        .bind("tcp://127.0.0.1:0")
+        .await
+        .map_err(|e| bind_err("replay", &e))?
+        .to_string();
+    let (tx, rx) = mpsc::unbounded_channel();
+    let buffer = Arc::new(Mutex::new(VecDeque::new()));
+    // A per-process seed, as vLLM's hashes are without PYTHONHASHSEED.
+    let seed = {
+        use std::hash::{BuildHasher, RandomState};
+        RandomState::new().hash_one(listener.local_addr().ok())
+    };
+    let engine = Arc::new(Engine {
+        cache: Mutex::new(BlockCache::new(cfg.gpu_blocks, 0)),
+        lane: Mutex::new(Instant::now()),
+        events: tx,
+        next_id: AtomicU64::new(0),
+        seed,
+        cfg,
+    });
+    let app = Router::new()
+        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/models", get(models))
+        .route("/health", get(|| async { "" }))
+        .with_state(engine.clone());
+    let tasks = vec![
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        }),
+        tokio::spawn(publish(
+            publisher,
+            rx,
+            buffer.clone(),
+            engine.cfg.topic.clone(),
+            engine.cfg.encoding,
+            engine.cfg.replay_buffer,
+        )),
+        tokio::spawn(serve_replay(router, buffer, engine.cfg.topic.clone())),
+    ];
+    Ok((events, replay, tasks))
+}
+
+type Buffer = Arc<Mutex<VecDeque<(u64, Bytes)>>>;
+
+/// Sends each group of events as one batch `[topic, seq, payload]`,
+/// keeping the last batches for replay.
+async fn publish(
+    mut socket: PubSocket,
+    mut rx: mpsc::UnboundedReceiver<Vec<WireEvent>>,
+    buffer: Buffer,
+    topic: String,
+    encoding: Encoding,
+    keep: usize,
+) {
+    let mut seq = 0u64;
+    while let Some(events) = rx.recv().await {
+        let ts = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        let payload = Bytes::from(encode_batch(ts, &events, Some(0), encoding));
+        {
+            let mut b = buffer.lock();
+            b.push_back((seq, payload.clone()));
+            while b.len() > keep {
+                b.pop_front();
+            }
+        }
+        let mut msg = ZmqMessage::from(topic.clone().into_bytes());
+        msg.push_back(Bytes::copy_from_slice(&seq.to_be_bytes()));
+        msg.push_back(payload);
+        // PUB drops for slow or absent subscribers; a send error means the
+        // socket is gone, which only happens as the engine stops.
+        if socket.send(msg).await.is_err() {
+            return;
+        }
+        seq += 1;
+    }
+}
+
+/// Answers `[identity, "", start_seq]` with every buffered batch from
+/// `start_seq` as `[identity, "", topic, seq, payload]`, then the end
+/// marker (sequence all ones, empty payload).
+async fn serve_replay(mut socket: RouterSocket, buffer: Buffer, topic: String) {
+    loop {
+        let Ok(msg) = socket.recv().await else { return };
+        let frames = msg.into_vec();
+        let (Some(identity), Some(start)) = (frames.first(), frames.last()) else {
+            continue;
+        };
+        let Ok(start) = <[u8; 8]>::try_from(start.as_ref()).map(u64::from_be_bytes) else {
+            continue;
+        };
+        let batches: Vec<(u64, Bytes)> = buffer
+            .lock()
+            .iter()
+            .filter(|(s, _)| *s >= start)
+            .cloned()
+            .collect();
+        let reply = |seq: u64, payload: Bytes| {
+            let mut m = ZmqMessage::from(identity.clone());
+            m.push_back(Bytes::new());
+            m.push_back(Bytes::from(topic.clone().into_bytes()));
+            m.push_back(Bytes::copy_from_slice(&seq.to_be_bytes()));
+            m.push_back(payload);
+            m
+        };
+        for (seq, payload) in batches {
+            if socket.send(reply(seq, payload)).await.is_err() {
+                break;
+            }
+        }
+        let _ = socket.send(reply(u64::MAX, Bytes::new())).await;
+    }
+}
+
+async fn completions(State(e): State<Arc<Engine>>, body: Bytes) -> Response {
+    e.serve(Api::Completions, &body).await
+}
+
+async fn chat(State(e): State<Arc<Engine>>, body: Bytes) -> Response {
+    e.serve(Api::Chat, &body).await
+}
+
+async fn models(State(e): State<Arc<Engine>>) -> Response {
+    axum::Json(json!({"object": "list", "data": [
+        {"id": e.cfg.model, "object": "model", "owned_by": "cache-router-sim"}
+    ]}))
+    .into_response()
+}
+
+/// A request's pinned blocks, unpinned however the request ends.
+struct Lease {
+    engine: Arc<Engine>,
+    blocks: Vec<u64>,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.engine.cache.lock().release(&self.blocks);
+    }
+}
+
+impl Engine {
+    fn scaled(&self, ms: f64) -> Duration {
+        Duration::from_secs_f64((ms * self.cfg.time_scale / 1000.0).max(0.0))
+    }
+
+    /// The engine's own block hashes of the full blocks of `tokens`.
+    fn block_hashes(&self, tokens: &[u32]) -> Vec<u64> {
+        let bs = self.cfg.block_size as usize;
+        let mut parent = self.seed;
+        tokens
+            .chunks_exact(bs)
+            .map(|block| {
+                let bytes: Vec<u8> = block.iter().flat_map(|t| t.to_le_bytes()).collect();
+                parent = xxhash_rust::xxh3::xxh3_64_with_seed(&bytes, parent);
+                parent
+            })
+            .collect()
+    }
+
+    /// Publishes the cache's changes; stores of `blocks` (the request's
+    /// chain over `tokens`) become `BlockStored` runs with their tokens.
+    fn announce(&self, blocks: &[u64], tokens: &[u32]) {
+        let changes = self.cache.lock().drain_changes();
+        if changes.is_empty() {
+            return;
+        }
+        let bs = self.cfg.block_size as usize;
+        let pos: HashMap<u64, usize> = blocks.iter().enumerate().map(|(i, b)| (*b, i)).collect();
+        let mut out: Vec<WireEvent> = Vec::new();
+        for c in changes {
+            if !c.stored {
+                match out.last_mut() {
+                    Some(WireEvent::Removed { hashes, .. }) => hashes.push(c.block),
+                    _ => out.push(WireEvent::Removed {
+                        hashes: vec![c.block],
+                        medium: "GPU",
+                    }),
+                }
+                continue;
+            }
+            let Some(&i) = pos.get(&c.block) else {
+                continue; // not this request's block: never happens for stores
+            };
+            let toks = &tokens[i * bs..(i + 1) * bs];
+            if let Some(WireEvent::Stored {
+                hashes, tokens: t, ..
+            }) = out.last_mut()
+                && hashes.last().is_some_and(|h| i > 0 && blocks[i - 1] == *h)
+            {
+                hashes.push(c.block);
+                t.extend_from_slice(toks);
+                continue;
+            }
+            out.push(WireEvent::Stored {
+                hashes: vec![c.block],
+                parent: i.checked_sub(1).map(|p| blocks[p]),
+                tokens: toks.to_vec(),
+                block_size: self.cfg.block_size,
+                medium: "GPU",
+            });
+        }
+        let _ = self.events.send(out);
+    }
+
+    async fn serve(self: Arc<Self>, api: Api, raw: &[u8]) -> Response {
+        match self.clone().generate(api, raw).await {
+            Ok(r) => r,
+            Err(e) => e.into_response(),
+        }
+    }
+
+    async fn generate(self: Arc<Self>, api: Api, raw: &[u8]) -> Result<Response, ApiError> {
+        let body = openai::parse_body(raw)?;
+        openai::check_model(&body, &self.cfg.model)?;
+        let tokens = openai::prompt_tokens(api, &body, &self.cfg.tokenizer)?;
+        let max_tokens = ["max_tokens", "max_completion_tokens"]
+            .iter()
+            .find_map(|k| body.get(*k).and_then(Value::as_u64))
+            .unwrap_or(u64::from(self.cfg.default_max_tokens))
+            .clamp(1, 4096) as u32;
+        let blocks = self.block_hashes(&tokens);
+        // Admission: wait while running requests pin the whole GPU.
+        let give_up = Instant::now() + Duration::from_secs(30);
+        let admission = loop {
+            if let Some(a) = self.cache.lock().admit(&blocks) {
+                break a;
+            }
+            if Instant::now() > give_up {
+                return Err(ApiError::new(
+                    503,
+                    "server_error",
+                    "engine_full",
+                    "the KV cache is full".into(),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        let lease = Lease {
+            engine: self.clone(),
+            blocks: blocks.clone(),
+        };
+        self.announce(&blocks, &tokens); // evictions made room
+        let bs = self.cfg.block_size as usize;
+        let cached = ((admission.gpu_hits + admission.cpu_hits) * bs).min(tokens.len());
+        let new = (tokens.len() - cached) as f64;
+        let c = &self.cfg.cost;
+        let prefill_ms = c.overhead_ms
+            + c.per_token_us * new / 1e3
+            + c.attention_ns * new * (cached as f64 + new / 2.0) / 1e6;
+        let done = {
+            let mut lane = self.lane.lock();
+            let start = (*lane).max(Instant::now());
+            *lane = start + self.scaled(prefill_ms);
+            *lane
+        };
+        tokio::time::sleep_until(done).await;
+        self.cache.lock().computed(&admission.computed);
+        self.announce(&blocks, &tokens);
+        let step = self.scaled(
+            c.overhead_ms + c.per_token_us / 1e3 + c.kv_read_ns * tokens.len() as f64 / 1e6,
+        );
+        let usage = json!({
+            "prompt_tokens": tokens.len(),
+            "completion_tokens": max_tokens,
+            "total_tokens": tokens.len() as u64 + u64::from(max_tokens),
+            "prompt_tokens_details": {"cached_tokens": cached},
+        });
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let reply = Reply {
+            api,
+            id: match api {
+                Api::Completions => format!("cmpl-{id}"),
+                Api::Chat => format!("chatcmpl-{id}"),
+            },
+            model: self.cfg.model.clone(),
+            created: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+        };
+        if !openai::is_stream(&body) {
+            tokio::time::sleep(step * max_tokens).await;
+            drop(lease);
+            let text: String = (0..max_tokens).map(word).collect();
+            return Ok(axum::Json(reply.whole(&text, usage)).into_response());
+        }
+        // The stream's items: the chat role opener (vLLM sends one), a
+        // token per decode step, the usage chunk if asked, `[DONE]`.
+        let opener = u32::from(api == Api::Chat);
+        let usage_at = opener + max_tokens;
+        let done_at = usage_at + u32::from(openai::wants_usage(&body));
+        let stream = futures::stream::unfold((0u32, Some(lease)), move |(k, lease)| {
+            let reply = reply.clone();
+            let usage = usage.clone();
+            async move {
+                let lease = lease?;
+                let item = if k < opener {
+                    sse(&reply.chunk(Some("assistant"), "", None))
+                } else if k < usage_at {
+                    tokio::time::sleep(step).await;
+                    let n = k - opener;
+                    let finish = (n + 1 == max_tokens).then_some("length");
+                    sse(&reply.chunk(None, &word(n), finish))
+                } else if k < done_at {
+                    sse(&reply.usage_chunk(usage))
+                } else {
+                    drop(lease);
+                    return Some((
+                        Ok::<_, std::io::Error>(Bytes::from_static(b"data: [DONE]\n\n")),
+                        (k, None),
+                    ));
+                };
+                Some((Ok(item), (k + 1, Some(lease))))
+            }
+        });
+        Ok((
+            [(header::CONTENT_TYPE, "text/event-stream")],
+            Body::from_stream(stream),
+        )
+            .into_response())
+    }
+}
+
+fn sse(v: &Value) -> Bytes {
+    Bytes::from(crate::sse::event(&v.to_string()))
+}
+
+/// The `n`th generated word.
+fn word(n: u32) -> String {
+    const WORDS: [&str; 8] = [
+        " the", " cache", " router", " keeps", " the", " prefix", " warm", ".",
+    ];
+    WORDS[n as usize % WORDS.len()].to_owned()
+}
+
+#[derive(Clone)]
+struct Reply {
+    api: Api,
+    id: String,
+    model: String,
+    created: u64,
+}
+
+impl Reply {
+    fn object(&self, streamed: bool) -> &'static str {
+        match (self.api, streamed) {
+            (Api::Completions, _) => "text_completion",
+            (Api::Chat, false) => "chat.completion",
+            (Api::Chat, true) => "chat.completion.chunk",
+        }
+    }
+
+    fn chunk(&self, role: Option<&str>, text: &str, finish: Option<&str>) -> Value {
+        let choice = match self.api {
+            Api::Completions => {
+                json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish})
+            }
+            Api::Chat => {
+                let mut delta = json!({"content": text});
+                if let Some(r) = role {
+                    delta["role"] = json!(r);
+                }
+                json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish})
+            }
+        };
+        json!({"id": self.id, "object": self.object(true), "created": self.created,
+               "model": self.model, "choices": [choice]})
+    }
+
+    fn usage_chunk(&self, usage: Value) -> Value {
+        json!({"id": self.id, "object": self.object(true), "created": self.created,
+               "model": self.model, "choices": [], "usage": usage})
+    }
+
+    fn whole(&self, text: &str, usage: Value) -> Value {
+        let choice = match self.api {
+            Api::Completions => {
+                json!({"index": 0, "text": text, "logprobs": null, "finish_reason": "length"})
+            }
+            Api::Chat => json!({"index": 0, "message": {"role": "assistant", "content": text},
+                                "logprobs": null, "finish_reason": "length"}),
+        };
+        json!({"id": self.id, "object": self.object(false), "created": self.created,
+               "model": self.model, "choices": [choice], "usage": usage})
+    }
+}

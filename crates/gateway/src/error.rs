@@ -1,0 +1,43 @@
+use std::path::PathBuf;
+
+/// Why the gateway or a simulated engine could not start or change.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The configuration file is malformed (`line` 0: not tied to a line).
+    #[error("config line {line}: {message}")]
+    Config {
+        /// 1-based line.
+        line: usize,
+        /// What is wrong.
+        message: String,
+    },
+    /// A file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// A pod list is inconsistent (duplicate names, bad URLs).
+    #[error("pods: {0}")]
+    Pods(String),
+    /// The tokenizer could not be loaded.
+    #[error("tokenizer: {0}")]
+    Tokenizer(#[from] router_hash::Error),
+    /// A profile is invalid.
+    #[error("profile: {0}")]
+    Policy(#[from] router_policy::Error),
+    /// The index refused a pod (for example, too many pods).
+    #[error("index: {0}")]
+    Index(#[from] router_core::Error),
+    /// A socket could not be bound.
+    #[error("cannot listen on {what}: {message}")]
+    Bind {
+        /// The address or endpoint.
+        what: String,
+        /// The cause.
+        message: String,
+    },
+}

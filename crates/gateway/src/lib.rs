@@ -1,0 +1,52 @@
+//! A reference OpenAI-compatible gateway over cache-router, and simulated
+//! engines to run it against.
+//!
+//! # The design choice
+//!
+//! The gateway is built only from the public crates, the way an embedder
+//! would build theirs: the prompt is tokenized and templated exactly as the
+//! engine does it (router-hash, whose parity with `transformers` is tested),
+//! hashed into a block chain, routed by a profile from the configuration
+//! file (router-policy, whose `prefix-match` step queries router-index
+//! once), and run by router-exec over an HTTP [`Backend`](router_exec::Backend)
+//! with retries on other pods. The index is kept current by router-events
+//! subscribed to each engine's ZeroMQ stream. With no GPU at hand, the
+//! gateway starts [`SimEngine`]s: real HTTP servers and real ZeroMQ
+//! publishers on loopback, whose caches and timings come from router-sim,
+//! so every byte of the path is exercised.
+//!
+//! # Items
+//!
+//! - [`Gateway`]: start from a [`Config`] (TOML; [`DEFAULT_CONFIG`] is the
+//!   bundled one), serve `POST /v1/completions`, `POST /v1/chat/completions`
+//!   (streamed or not), `GET /v1/models`, `GET /health`, `GET /metrics`
+//!   ([`Metrics`]), and the admin calls `GET|POST|PUT /admin/pods`,
+//!   `DELETE /admin/pods/{name}`, `POST /admin/reload`.
+//! - [`HttpBackend`]: pooled HTTP to engines, server-sent events decoded as
+//!   they arrive ([`SseDecoder`]).
+//! - [`SimEngine`] with [`EngineConfig`]; [`encode_batch`] writes vLLM's
+//!   event batches in either [`Encoding`].
+//! - [`ApiError`]: errors in OpenAI's shape.
+#![forbid(unsafe_code)]
+
+mod backend;
+mod config;
+mod engine;
+mod error;
+mod metrics;
+mod openai;
+mod pods;
+mod server;
+mod sse;
+mod wire;
+
+pub use backend::HttpBackend;
+pub use config::{Config, DEFAULT_CONFIG, GatewayConfig, PodConfig, SimulatedConfig};
+pub use engine::{EngineConfig, SimEngine};
+pub use error::Error;
+pub use metrics::Metrics;
+pub use openai::{Api, ApiError, prompt_tokens};
+pub use pods::PodView;
+pub use server::{Gateway, POD_HEADER, PREDICTED_HEADER, SESSION_HEADER};
+pub use sse::{SseDecoder, SseError};
+pub use wire::{Encoding, WireEvent, encode_batch};

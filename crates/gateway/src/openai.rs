@@ -1,0 +1,280 @@
+//! The OpenAI API surface both sides share: which endpoint a body is for,
+//! the prompt's token ids (the engine's own tokenization, so the router's
+//! hashes match what the engine caches), and the error shape.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use router_hash::{ChatInput, ModelTokenizer};
+use serde_json::{Value, json};
+
+/// The two generation endpoints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Api {
+    /// `POST /v1/completions`: a `prompt`.
+    Completions,
+    /// `POST /v1/chat/completions`: `messages` through the chat template.
+    Chat,
+}
+
+impl Api {
+    /// The endpoint's path.
+    pub fn path(self) -> &'static str {
+        match self {
+            Api::Completions => "/v1/completions",
+            Api::Chat => "/v1/chat/completions",
+        }
+    }
+
+    /// The endpoint a request body is for (`messages` makes it a chat).
+    pub fn of_body(body: &Value) -> Api {
+        if body.get("messages").is_some() {
+            Api::Chat
+        } else {
+            Api::Completions
+        }
+    }
+
+    /// A short label for metrics.
+    pub fn label(self) -> &'static str {
+        match self {
+            Api::Completions => "completions",
+            Api::Chat => "chat",
+        }
+    }
+}
+
+/// An error in OpenAI's shape:
+/// `{"error": {"message", "type", "param", "code"}}` with its HTTP status.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error("{status} {kind}: {message}")]
+#[non_exhaustive]
+pub struct ApiError {
+    /// The HTTP status.
+    pub status: u16,
+    /// OpenAI's `type` (`invalid_request_error`, ...).
+    pub kind: &'static str,
+    /// OpenAI's `code`, if any (`model_not_found`, ...).
+    pub code: Option<&'static str>,
+    /// The request field at fault, if any.
+    pub param: Option<&'static str>,
+    /// What went wrong, for a person.
+    pub message: String,
+}
+
+impl ApiError {
+    /// A 400 `invalid_request_error`.
+    pub fn bad_request(message: impl Into<String>, param: Option<&'static str>) -> Self {
+        ApiError {
+            status: 400,
+            kind: "invalid_request_error",
+            code: None,
+            param,
+            message: message.into(),
+        }
+    }
+
+    /// Any status, type and code.
+    pub fn new(status: u16, kind: &'static str, code: &'static str, message: String) -> Self {
+        ApiError {
+            status,
+            kind,
+            code: Some(code),
+            param: None,
+            message,
+        }
+    }
+
+    /// A 404 for a model this server does not serve.
+    pub fn unknown_model(model: &str) -> Self {
+        ApiError {
+            status: 404,
+            kind: "invalid_request_error",
+            code: Some("model_not_found"),
+            param: Some("model"),
+            message: format!("The model `{model}` does not exist."),
+        }
+    }
+
+    /// The JSON body.
+    pub fn body(&self) -> Value {
+        json!({"error": {
+            "message": self.message,
+            "type": self.kind,
+            "param": self.param,
+            "code": self.code,
+        }})
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        (status, axum::Json(self.body())).into_response()
+    }
+}
+
+/// Parses a request body: a JSON object, or a 400.
+pub(crate) fn parse_body(bytes: &[u8]) -> Result<Value, ApiError> {
+    match serde_json::from_slice::<Value>(bytes) {
+        Ok(v @ Value::Object(_)) => Ok(v),
+        Ok(_) => Err(ApiError::bad_request(
+            "the request body must be a JSON object",
+            None,
+        )),
+        Err(e) => Err(ApiError::bad_request(
+            format!("the request body is not valid JSON: {e}"),
+            None,
+        )),
+    }
+}
+
+/// Checks the body's `model` against the served one.
+pub(crate) fn check_model(body: &Value, served: &str) -> Result<(), ApiError> {
+    match body.get("model") {
+        Some(Value::String(m)) if m == served => Ok(()),
+        Some(Value::String(m)) => Err(ApiError::unknown_model(m)),
+        None => Err(ApiError::bad_request("`model` is required", Some("model"))),
+        Some(_) => Err(ApiError::bad_request(
+            "`model` must be a string",
+            Some("model"),
+        )),
+    }
+}
+
+/// The prompt's token ids, tokenized the way vLLM does: a completion's
+/// `prompt` with the tokenizer's special tokens (or token ids as given); a
+/// chat's `messages` rendered through the model's chat template
+/// (`tools`, `add_generation_prompt` and `chat_template_kwargs` honoured)
+/// and encoded without adding special tokens again.
+pub fn prompt_tokens(api: Api, body: &Value, tok: &ModelTokenizer) -> Result<Vec<u32>, ApiError> {
+    match api {
+        Api::Completions => completion_tokens(body, tok),
+        Api::Chat => chat_tokens(body, tok),
+    }
+}
+
+fn completion_tokens(body: &Value, tok: &ModelTokenizer) -> Result<Vec<u32>, ApiError> {
+    let bad = |m: &str| ApiError::bad_request(m, Some("prompt"));
+    let ids_of = |items: &[Value]| -> Result<Vec<u32>, ApiError> {
+        let ids = items
+            .iter()
+            .map(|v| v.as_u64().and_then(|i| u32::try_from(i).ok()))
+            .collect::<Option<Vec<u32>>>()
+            .ok_or_else(|| bad("`prompt` token ids must be non-negative integers"))?;
+        tok.check_ids(&ids)
+            .map_err(|e| ApiError::bad_request(e.to_string(), Some("prompt")))?;
+        Ok(ids)
+    };
+    let encode = |text: &str| {
+        tok.encode(text, true)
+            .map_err(|e| ApiError::bad_request(e.to_string(), Some("prompt")))
+    };
+    match body.get("prompt") {
+        Some(Value::String(text)) => encode(text),
+        Some(Value::Array(items)) => match items.as_slice() {
+            [] => Err(bad("`prompt` is empty")),
+            [Value::String(text)] => encode(text),
+            [Value::Array(ids)] => ids_of(ids),
+            items if items.iter().all(Value::is_number) => ids_of(items),
+            _ => Err(bad(
+                "batched prompts are not supported: send one prompt per request",
+            )),
+        },
+        Some(_) => Err(bad("`prompt` must be a string or a list of token ids")),
+        None => Err(bad("`prompt` is required")),
+    }
+}
+
+fn chat_tokens(body: &Value, tok: &ModelTokenizer) -> Result<Vec<u32>, ApiError> {
+    let messages = match body.get("messages") {
+        Some(Value::Array(m)) if !m.is_empty() => m,
+        Some(Value::Array(_)) => {
+            return Err(ApiError::bad_request(
+                "`messages` is empty",
+                Some("messages"),
+            ));
+        }
+        _ => {
+            return Err(ApiError::bad_request(
+                "`messages` must be a list of messages",
+                Some("messages"),
+            ));
+        }
+    };
+    if let Some(i) = messages
+        .iter()
+        .position(|m| !m.get("role").is_some_and(Value::is_string))
+    {
+        return Err(ApiError::bad_request(
+            format!("message {i} has no `role`"),
+            Some("messages"),
+        ));
+    }
+    let mut input = ChatInput::new(messages.clone());
+    match body.get("tools") {
+        Some(Value::Array(tools)) => input = input.with_tools(tools.clone()),
+        Some(Value::Null) | None => {}
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "`tools` must be a list",
+                Some("tools"),
+            ));
+        }
+    }
+    if let Some(v) = body.get("add_generation_prompt") {
+        let yes = v.as_bool().ok_or_else(|| {
+            ApiError::bad_request(
+                "`add_generation_prompt` must be a boolean",
+                Some("add_generation_prompt"),
+            )
+        })?;
+        input = input.with_generation_prompt(yes);
+    }
+    match body.get("chat_template_kwargs") {
+        Some(Value::Object(kw)) => {
+            for (k, v) in kw {
+                input = input.with_kwarg(k.clone(), v.clone());
+            }
+        }
+        Some(Value::Null) | None => {}
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "`chat_template_kwargs` must be an object",
+                Some("chat_template_kwargs"),
+            ));
+        }
+    }
+    tok.encode_chat(&input)
+        .map_err(|e| ApiError::bad_request(e.to_string(), Some("messages")))
+}
+
+/// Whether the request asks for a streamed response.
+pub(crate) fn is_stream(body: &Value) -> bool {
+    body.get("stream").and_then(Value::as_bool).unwrap_or(false)
+}
+
+/// Whether a streamed request asked for the final usage chunk.
+pub(crate) fn wants_usage(body: &Value) -> bool {
+    body.pointer("/stream_options/include_usage")
+        .and_then(Value::as_bool)
+        .unwrap_or(false)
+}
+
+/// `usage.prompt_tokens` and `usage.prompt_tokens_details.cached_tokens` of
+/// a response or a chunk, if it carries usage.
+pub(crate) fn usage_of(v: &Value) -> Option<(u64, Option<u64>)> {
+    let usage = v.get("usage").filter(|u| u.is_object())?;
+    let prompt = usage.get("prompt_tokens")?.as_u64()?;
+    let cached = usage
+        .pointer("/prompt_tokens_details/cached_tokens")
+        .and_then(Value::as_u64);
+    Some((prompt, cached))
+}
+
+/// Whether a streamed chunk is the usage-only one (no choices).
+pub(crate) fn is_usage_only(v: &Value) -> bool {
+    v.get("usage").is_some_and(Value::is_object)
+        && v.get("choices")
+            .and_then(Value::as_array)
+            .is_none_or(Vec::is_empty)
+}

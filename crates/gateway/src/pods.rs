@@ -1,0 +1,316 @@
+//! The gateway's pods: joined to the index, followed for events, known to
+//! the fleet and the HTTP backend, probed for health; changed at run time.
+//!
+//! A pod that fails its probes `unhealthy_after` times in a row is taken
+//! out: marked unhealthy in the fleet (the `health` filter drops it) and
+//! shut down in the index (it leaves every query at once; its blocks are
+//! swept). When it answers again it rejoins under a new id with an empty
+//! record: whatever it cached before is unknown, and its new events
+//! rebuild it. A pod removed from the configuration leaves the same way.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use router_core::{PodDirectory, PodId, PodKey};
+use router_events::{IngestStats, PodStream, Subscriber};
+use router_index::Index;
+use router_policy::{Fleet, PodState, PodStateSink};
+use serde::Serialize;
+
+use crate::Error;
+use crate::backend::HttpBackend;
+use crate::config::{PodConfig, check_pods};
+
+/// A pod as `GET /admin/pods` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct PodView {
+    /// Its configuration.
+    #[serde(flatten)]
+    pub config: PodConfig,
+    /// Its current id in the index (slot and epoch).
+    pub id: String,
+    /// Whether it passes its health probes.
+    pub healthy: bool,
+    /// Whether the index reports it (false once taken out).
+    pub in_index: bool,
+}
+
+#[derive(Debug)]
+struct Entry {
+    config: PodConfig,
+    id: PodId,
+    healthy: bool,
+    failed_probes: u32,
+}
+
+/// The pod set.
+#[derive(Debug)]
+pub(crate) struct Pods {
+    pub(crate) index: Arc<Index>,
+    pub(crate) subscriber: Subscriber,
+    pub(crate) fleet: Arc<Fleet>,
+    pub(crate) backend: Arc<HttpBackend>,
+    entries: Mutex<BTreeMap<String, Entry>>,
+    /// Ingestion counts of pods no longer followed, so totals never shrink.
+    retired: Mutex<IngestStats>,
+}
+
+fn key_of(c: &PodConfig) -> PodKey {
+    PodKey::new(c.url.as_str(), 0)
+}
+
+fn add_stats(a: &mut IngestStats, b: &IngestStats) {
+    a.batches += b.batches;
+    a.events_applied += b.events_applied;
+    a.blocks_stored += b.blocks_stored;
+    a.blocks_removed += b.blocks_removed;
+    a.unknown_parent += b.unknown_parent;
+    a.other_group += b.other_group;
+    a.unknown_medium += b.unknown_medium;
+    a.token_mismatch += b.token_mismatch;
+    a.unknown_removed += b.unknown_removed;
+    a.sink_refused += b.sink_refused;
+    a.unknown_events += b.unknown_events;
+}
+
+impl Pods {
+    pub(crate) fn new(
+        index: Arc<Index>,
+        subscriber: Subscriber,
+        fleet: Arc<Fleet>,
+        backend: Arc<HttpBackend>,
+    ) -> Self {
+        Pods {
+            index,
+            subscriber,
+            fleet,
+            backend,
+            entries: Mutex::new(BTreeMap::new()),
+            retired: Mutex::new(IngestStats::default()),
+        }
+    }
+
+    /// Joins `c` to the index, the fleet, the backend and the subscriber.
+    fn join(&self, c: &PodConfig) -> Result<PodId, Error> {
+        let id = self.index.join(&key_of(c))?;
+        self.fleet.upsert(PodState::new(id, c.role));
+        self.backend.set(id, &c.url);
+        if let Some(ep) = &c.events {
+            let mut s = PodStream::new(id, ep.clone()).topic(c.topic.clone());
+            if let Some(r) = &c.replay {
+                s = s.replay(r.clone());
+            }
+            self.subscriber.add(s);
+        }
+        Ok(id)
+    }
+
+    /// Takes `id` out of the index, the fleet's candidates and the
+    /// subscriber (keeping its ingestion counts).
+    fn leave(&self, id: PodId, keep_in_fleet: bool) {
+        if let Some(st) = self.subscriber.ingest_stats(id) {
+            add_stats(&mut self.retired.lock(), &st);
+        }
+        // Stops the stream and shuts the pod down in the index; a pod
+        // without a stream is shut down directly. Shutting down an
+        // already departed pod is refused and harmless.
+        self.subscriber.remove(id);
+        let _ = self.index.shutdown(id);
+        if keep_in_fleet {
+            self.fleet.set_health(id, false);
+        } else {
+            self.fleet.remove(id);
+            self.backend.remove(id);
+        }
+    }
+
+    /// Adds a pod.
+    pub(crate) fn add(&self, c: PodConfig) -> Result<PodId, Error> {
+        check_pods(std::slice::from_ref(&c))?;
+        let mut entries = self.entries.lock();
+        if entries.contains_key(&c.name) {
+            return Err(Error::Pods(format!("a pod named `{}` exists", c.name)));
+        }
+        if entries.values().any(|e| e.config.url == c.url) {
+            return Err(Error::Pods(format!("pod url `{}` is taken", c.url)));
+        }
+        let id = self.join(&c)?;
+        entries.insert(
+            c.name.clone(),
+            Entry {
+                config: c,
+                id,
+                healthy: true,
+                failed_probes: 0,
+            },
+        );
+        Ok(id)
+    }
+
+    /// Removes a pod; whether it existed.
+    pub(crate) fn remove(&self, name: &str) -> bool {
+        let Some(e) = self.entries.lock().remove(name) else {
+            return false;
+        };
+        self.leave(e.id, false);
+        true
+    }
+
+    /// Makes the pod set `wanted`: removes pods not in it, adds new ones,
+    /// replaces changed ones. Returns (added, removed) names.
+    pub(crate) fn replace_all(
+        &self,
+        wanted: Vec<PodConfig>,
+    ) -> Result<(Vec<String>, Vec<String>), Error> {
+        check_pods(&wanted)?;
+        let current: BTreeMap<String, PodConfig> = self
+            .entries
+            .lock()
+            .iter()
+            .map(|(n, e)| (n.clone(), e.config.clone()))
+            .collect();
+        let mut removed = Vec::new();
+        for (name, c) in &current {
+            if !wanted.iter().any(|w| w == c) {
+                self.remove(name);
+                removed.push(name.clone());
+            }
+        }
+        let mut added = Vec::new();
+        for w in wanted {
+            if current.get(&w.name) != Some(&w) {
+                added.push(w.name.clone());
+                self.add(w)?;
+            }
+        }
+        Ok((added, removed))
+    }
+
+    /// The pods, by name.
+    pub(crate) fn views(&self) -> Vec<PodView> {
+        self.entries
+            .lock()
+            .values()
+            .map(|e| PodView {
+                config: e.config.clone(),
+                id: e.id.to_string(),
+                healthy: e.healthy,
+                in_index: self.index.pod_key(e.id).is_some(),
+            })
+            .collect()
+    }
+
+    /// The name of the pod with id `id`.
+    pub(crate) fn name_of(&self, id: PodId) -> Option<String> {
+        self.entries
+            .lock()
+            .iter()
+            .find(|(_, e)| e.id == id)
+            .map(|(n, _)| n.clone())
+    }
+
+    /// (name, id, healthy) of every pod.
+    pub(crate) fn ids(&self) -> Vec<(String, PodId, bool)> {
+        self.entries
+            .lock()
+            .iter()
+            .map(|(n, e)| (n.clone(), e.id, e.healthy))
+            .collect()
+    }
+
+    /// Ingestion counts over every pod, past and present.
+    pub(crate) fn ingest_totals(&self) -> IngestStats {
+        let mut total = *self.retired.lock();
+        for (_, id, _) in self.ids() {
+            if let Some(s) = self.subscriber.ingest_stats(id) {
+                add_stats(&mut total, &s);
+            }
+        }
+        total
+    }
+
+    /// Records one probe of `name`: takes the pod out after enough
+    /// failures, brings it back on success.
+    pub(crate) fn probed(&self, name: &str, ok: bool, unhealthy_after: u32) {
+        let mut entries = self.entries.lock();
+        let Some(e) = entries.get_mut(name) else {
+            return; // removed meanwhile
+        };
+        if ok {
+            e.failed_probes = 0;
+            if !e.healthy {
+                let old = e.id;
+                self.fleet.remove(old);
+                self.backend.remove(old);
+                match self.join(&e.config) {
+                    Ok(id) => {
+                        e.id = id;
+                        e.healthy = true;
+                        eprintln!("router-gateway: pod {name} is back as {id}");
+                    }
+                    Err(err) => {
+                        // Keep it out; the next probe tries again.
+                        self.fleet.upsert({
+                            let mut s = PodState::new(old, e.config.role);
+                            s.healthy = false;
+                            s
+                        });
+                        eprintln!("router-gateway: pod {name} cannot rejoin: {err}");
+                    }
+                }
+            }
+            return;
+        }
+        e.failed_probes += 1;
+        if e.healthy && e.failed_probes >= unhealthy_after {
+            e.healthy = false;
+            self.leave(e.id, true);
+            eprintln!(
+                "router-gateway: pod {name} failed {} probes: out of the index",
+                e.failed_probes
+            );
+        }
+    }
+
+    /// (name, url) of every pod, for the prober.
+    pub(crate) fn probe_targets(&self) -> Vec<(String, String)> {
+        self.entries
+            .lock()
+            .iter()
+            .map(|(n, e)| (n.clone(), e.config.url.clone()))
+            .collect()
+    }
+}
+
+/// Probes every pod's `GET /health` each `interval` until dropped.
+pub(crate) async fn probe_loop(
+    pods: Arc<Pods>,
+    client: reqwest::Client,
+    interval: Duration,
+    unhealthy_after: u32,
+) {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let targets = pods.probe_targets();
+        let probes = targets.into_iter().map(|(name, url)| {
+            let client = client.clone();
+            async move {
+                let ok = client
+                    .get(format!("{}/health", url.trim_end_matches('/')))
+                    .timeout(interval.max(Duration::from_millis(100)))
+                    .send()
+                    .await
+                    .is_ok_and(|r| r.status().is_success());
+                (name, ok)
+            }
+        });
+        for (name, ok) in futures::future::join_all(probes).await {
+            pods.probed(&name, ok, unhealthy_after);
+        }
+    }
+}

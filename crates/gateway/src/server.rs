@@ -1,0 +1,794 @@
+//! The HTTP front: OpenAI endpoints, health, metrics and the admin calls.
+
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path as UrlPath, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use futures::StreamExt;
+use router_core::{Namespace, PrefixIndex};
+use router_events::Subscriber;
+use router_exec::{
+    BackendError, Chunk, Error as ExecError, Executor, Feedback, RetryPolicy, StepRequest, Workflow,
+};
+use router_hash::{ChainHasher, ModelTokenizer};
+use router_index::{Index, IndexConfig};
+use router_policy::builtin::{BreakerConfig, CircuitBreaker};
+use router_policy::keys::{CACHE_HITS, CHAIN, CacheHits, HASH_KEY, PROMPT_TOKENS, SESSION_ID};
+use router_policy::{
+    Built, Context, Filter, Fleet, KeyId, Plugin, PodState, Prepare, Profile, Registry,
+};
+use serde_json::{Value, json};
+use tokio::sync::Semaphore;
+use tokio::task::JoinHandle;
+
+use crate::Error;
+use crate::backend::HttpBackend;
+use crate::config::{Config, PodConfig};
+use crate::engine::{EngineConfig, SimEngine};
+use crate::metrics::{Metrics, raise};
+use crate::openai::{self, Api, ApiError};
+use crate::pods::{PodView, Pods, probe_loop};
+
+/// Header naming the pod that served a request.
+pub const POD_HEADER: &str = "x-cache-router-pod";
+/// Header with the cached tokens the index predicted on that pod.
+pub const PREDICTED_HEADER: &str = "x-cache-router-predicted-cached-tokens";
+/// Request header carrying a session id (for session affinity); the
+/// body's `user` serves when it is absent.
+pub const SESSION_HEADER: &str = "x-session-id";
+
+struct AppState {
+    model: String,
+    tokenizer: Arc<ModelTokenizer>,
+    hasher: ChainHasher,
+    namespace: Namespace,
+    block_size: u64,
+    max_body: usize,
+    tokenize: Semaphore,
+    pods: Arc<Pods>,
+    breaker: Arc<CircuitBreaker>,
+    executor: Executor,
+    workflow: Workflow,
+    metrics: Arc<Metrics>,
+    config_path: Option<PathBuf>,
+}
+
+/// A running gateway (and the simulated engines it started, if any).
+#[derive(Debug)]
+pub struct Gateway {
+    addr: std::net::SocketAddr,
+    state: Arc<AppState>,
+    engines: Vec<SimEngine>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for AppState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppState")
+            .field("model", &self.model)
+            .finish_non_exhaustive()
+    }
+}
+
+/// `prefix-match` with its query timed into the metrics.
+#[derive(Debug)]
+struct MeteredPrefixMatch {
+    index: Arc<Index>,
+    metrics: Arc<Metrics>,
+}
+
+impl Plugin for MeteredPrefixMatch {
+    fn name(&self) -> &str {
+        "prefix-match"
+    }
+    fn needs(&self) -> Vec<KeyId> {
+        vec![CHAIN.id()]
+    }
+    fn produces(&self) -> Vec<KeyId> {
+        vec![CACHE_HITS.id()]
+    }
+}
+
+impl Prepare for MeteredPrefixMatch {
+    fn prepare(&self, ctx: &mut Context, _: &[PodState]) {
+        let hits = match ctx.get(CHAIN) {
+            Some(chain) => {
+                let t = std::time::Instant::now();
+                let m = self.index.match_prefix(chain);
+                self.metrics
+                    .index_query_seconds
+                    .observe(t.elapsed().as_secs_f64());
+                let hits = CacheHits::from_match(&m);
+                self.metrics.matched_blocks.observe(f64::from(hits.best()));
+                hits
+            }
+            None => CacheHits::default(),
+        };
+        ctx.insert(CACHE_HITS, hits);
+    }
+}
+
+/// The gateway's one circuit breaker, as a filter: the executor feeds the
+/// same instance.
+#[derive(Debug)]
+struct SharedBreaker(Arc<CircuitBreaker>);
+
+impl Plugin for SharedBreaker {
+    fn name(&self) -> &str {
+        "circuit-breaker"
+    }
+}
+
+impl Filter for SharedBreaker {
+    fn keep(&self, ctx: &Context, pod: &PodState) -> bool {
+        self.0.keep(ctx, pod)
+    }
+}
+
+fn profiles(
+    config: &Config,
+    index: Arc<Index>,
+    metrics: Arc<Metrics>,
+    breaker_slot: Arc<OnceLock<Arc<CircuitBreaker>>>,
+) -> Result<Profile, Error> {
+    let mut registry = Registry::with_builtins().with_index(index.clone());
+    registry.register("prefix-match", move |p, _| {
+        p.none()?;
+        Ok(Built::Prepare(Box::new(MeteredPrefixMatch {
+            index: index.clone(),
+            metrics: metrics.clone(),
+        })))
+    });
+    let slot = breaker_slot.clone();
+    registry.register("circuit-breaker", move |p, _| {
+        let c: BreakerConfig = p.parse()?;
+        // One breaker per gateway: the first profile's parameters win.
+        let b = slot.get_or_init(|| Arc::new(CircuitBreaker::new(c)));
+        Ok(Built::Filter(Box::new(SharedBreaker(b.clone()))))
+    });
+    let text = if config.has_profiles() {
+        config.text.clone()
+    } else {
+        default_profiles(config.gateway.block_size)
+    };
+    let mut all = registry.load_embedded(&text)?;
+    let name = &config.gateway.profile;
+    all.remove(name).ok_or_else(|| Error::Config {
+        line: 0,
+        message: format!(
+            "gateway.profile `{name}` is not among the profiles ({})",
+            all.keys().cloned().collect::<Vec<_>>().join(", ")
+        ),
+    })
+}
+
+/// router-policy's default profile with the gateway's block size, plus
+/// the health and circuit-breaker filters.
+fn default_profiles(block_size: u32) -> String {
+    format!(
+        r#"[profiles.cache-aware]
+inputs = ["chain", "prompt_tokens"]
+prepare = [{{ type = "prefix-match" }}]
+filters = [{{ type = "health" }}, {{ type = "circuit-breaker" }}]
+scorers = [{{ type = "cache-aware-cost", weight = 1.0, overlap_weight = {w}, block_size = {block_size} }}]
+picker = {{ type = "max-score" }}
+"#,
+        w = router_policy::DEFAULT_OVERLAP_WEIGHT
+    )
+}
+
+impl Gateway {
+    /// Starts the gateway described by `config` on the current tokio
+    /// runtime (multi-threaded), first starting its simulated engines.
+    pub async fn start(mut config: Config) -> Result<Gateway, Error> {
+        let g = config.gateway.clone();
+        let tokenizer = Arc::new(ModelTokenizer::from_dir(&g.tokenizer)?);
+        let mut engines = Vec::new();
+        if let Some(sim) = &config.simulated {
+            for i in 0..sim.engines {
+                let mut ec = EngineConfig::new(g.model.clone(), tokenizer.clone())
+                    .block_size(g.block_size)
+                    .gpu_blocks(sim.gpu_blocks)
+                    .time_scale(sim.time_scale)
+                    .encoding(sim.encoding)
+                    .default_max_tokens(sim.default_max_tokens);
+                ec.topic = "kv-events".into();
+                let e = SimEngine::start(ec)?;
+                let mut pod = PodConfig::new(format!("sim-{i}"), e.url())
+                    .with_events(e.events_endpoint(), Some(e.replay_endpoint().to_owned()));
+                pod.topic = "kv-events".into();
+                config.pods.push(pod);
+                engines.push(e);
+            }
+        }
+        crate::config::check_pods(&config.pods)?;
+
+        let metrics = Arc::new(Metrics::new());
+        let index: Arc<Index> = Index::new(IndexConfig::default());
+        let hasher = ChainHasher::new(g.block_size as usize)?;
+        let breaker_slot = Arc::new(OnceLock::new());
+        let profile = Arc::new(profiles(
+            &config,
+            index.clone(),
+            metrics.clone(),
+            breaker_slot.clone(),
+        )?);
+        let breaker = breaker_slot
+            .get()
+            .cloned()
+            .unwrap_or_else(|| Arc::new(CircuitBreaker::new(BreakerConfig::default())));
+        let subscriber = Subscriber::new(
+            Arc::new(hasher.clone()),
+            index.clone(),
+            index.clone(),
+            Some(g.model.clone()),
+            g.block_size,
+        );
+        let fleet = Arc::new(Fleet::new());
+        let backend = Arc::new(
+            HttpBackend::new(Duration::from_millis(g.connect_timeout_ms)).map_err(|e| {
+                Error::Bind {
+                    what: "http client".into(),
+                    message: e.to_string(),
+                }
+            })?,
+        );
+        let pods = Arc::new(Pods::new(index, subscriber, fleet.clone(), backend.clone()));
+        for p in config.pods.clone() {
+            pods.add(p)?;
+        }
+        let executor = Executor::new(
+            backend,
+            fleet,
+            Arc::new(Feedback::new(u64::from(g.block_size))),
+        )
+        .with_breaker(breaker.clone())
+        .with_retry(RetryPolicy::new(g.max_attempts, Duration::from_millis(10)))
+        .with_observer(metrics.clone());
+        let workflow =
+            Workflow::single(profile).with_timeout(Duration::from_millis(g.request_timeout_ms));
+        let state = Arc::new(AppState {
+            namespace: Namespace::model(g.model.clone()),
+            model: g.model.clone(),
+            tokenizer,
+            hasher,
+            block_size: u64::from(g.block_size),
+            max_body: g.max_body_bytes,
+            tokenize: Semaphore::new(g.tokenize_concurrency),
+            pods: pods.clone(),
+            breaker,
+            executor,
+            workflow,
+            metrics,
+            config_path: config.path.clone(),
+        });
+        let listener = tokio::net::TcpListener::bind(g.listen)
+            .await
+            .map_err(|e| Error::Bind {
+                what: g.listen.to_string(),
+                message: e.to_string(),
+            })?;
+        let addr = listener.local_addr().map_err(|e| Error::Bind {
+            what: g.listen.to_string(),
+            message: e.to_string(),
+        })?;
+        let app = router(state.clone());
+        let probe_client =
+            reqwest::Client::builder()
+                .no_proxy()
+                .build()
+                .map_err(|e| Error::Bind {
+                    what: "probe client".into(),
+                    message: e.to_string(),
+                })?;
+        let tasks = vec![
+            tokio::spawn(async move {
+                let _ = axum::serve(listener, app).await;
+            }),
+            tokio::spawn(probe_loop(
+                pods,
+                probe_client,
+                Duration::from_millis(g.health_interval_ms.max(10)),
+                g.unhealthy_after.max(1),
+            )),
+        ];
+        // ZeroMQ's slow joiner: a PUB drops what it sends before the SUB's
+        // subscription arrives. Give the new subscriptions a moment.
+        if config.pods.iter().any(|p| p.events.is_some()) {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        Ok(Gateway {
+            addr,
+            state,
+            engines,
+            tasks,
+        })
+    }
+
+    /// The address served.
+    pub fn addr(&self) -> std::net::SocketAddr {
+        self.addr
+    }
+
+    /// The base URL (`http://addr`).
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The simulated engines, in pod order (`sim-0`, `sim-1`, ...).
+    pub fn engines_mut(&mut self) -> &mut [SimEngine] {
+        &mut self.engines
+    }
+
+    /// The pods.
+    pub fn pods(&self) -> Vec<PodView> {
+        self.state.pods.views()
+    }
+
+    /// The metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.state.metrics
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route(
+            "/v1/completions",
+            post(|s, h, b| generate(s, Api::Completions, h, b)),
+        )
+        .route(
+            "/v1/chat/completions",
+            post(|s, h, b| generate(s, Api::Chat, h, b)),
+        )
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .route(
+            "/admin/pods",
+            get(list_pods).post(add_pod).put(replace_pods),
+        )
+        .route("/admin/pods/{name}", delete(remove_pod))
+        .route("/admin/reload", post(reload))
+        .fallback(|| async {
+            ApiError::new(
+                404,
+                "invalid_request_error",
+                "not_found",
+                "no such endpoint".into(),
+            )
+        })
+        .with_state(state)
+}
+
+async fn models(State(s): State<Arc<AppState>>) -> Response {
+    axum::Json(json!({"object": "list", "data": [
+        {"id": s.model, "object": "model", "owned_by": "cache-router"}
+    ]}))
+    .into_response()
+}
+
+async fn health(State(s): State<Arc<AppState>>) -> Response {
+    let pods = s.pods.ids();
+    let healthy = pods.iter().filter(|p| p.2).count();
+    let status = if healthy > 0 {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (
+        status,
+        axum::Json(json!({"pods": pods.len(), "healthy_pods": healthy})),
+    )
+        .into_response()
+}
+
+async fn metrics(State(s): State<Arc<AppState>>) -> Response {
+    let m = &s.metrics;
+    let ingest = s.pods.ingest_totals();
+    let stream = s.pods.subscriber.stream_stats();
+    raise(&m.events_batches, stream.batches);
+    raise(&m.events_applied, ingest.events_applied);
+    raise(&m.event_gaps, stream.gaps);
+    raise(&m.event_replayed, stream.replayed);
+    for (reason, n) in [
+        ("unknown_parent", ingest.unknown_parent),
+        ("other_group", ingest.other_group),
+        ("unknown_medium", ingest.unknown_medium),
+        ("token_mismatch", ingest.token_mismatch),
+        ("unknown_removed", ingest.unknown_removed),
+        ("sink_refused", ingest.sink_refused),
+        ("unknown_event", ingest.unknown_events),
+        ("bad_frame", stream.bad_frames),
+        ("undecodable_batch", stream.decode_errors),
+        ("stale_batch", stream.stale),
+    ] {
+        raise(&m.events_skipped.with_label_values(&[reason]), n);
+    }
+    m.event_lag_seconds.set(stream.last_lag_us as f64 / 1e6);
+    m.event_lag_max_seconds.set(stream.max_lag_us as f64 / 1e6);
+    m.pod_in_flight.reset();
+    m.pod_queued_prefill_tokens.reset();
+    m.pod_healthy.reset();
+    m.pod_breaker_open.reset();
+    for (name, id, healthy) in s.pods.ids() {
+        let st = s.pods.fleet.get(id);
+        let gauge = |g: &prometheus::IntGaugeVec, v: i64| g.with_label_values(&[&name]).set(v);
+        gauge(
+            &m.pod_in_flight,
+            st.as_ref().map_or(0, |p| i64::from(p.in_flight)),
+        );
+        gauge(
+            &m.pod_queued_prefill_tokens,
+            st.as_ref()
+                .map_or(0, |p| p.queued_prefill_tokens.min(i64::MAX as u64) as i64),
+        );
+        gauge(&m.pod_healthy, i64::from(healthy));
+        gauge(&m.pod_breaker_open, i64::from(s.breaker.is_tripped(id)));
+    }
+    let is = s.pods.index.stats();
+    m.index_blocks.set(is.entries.min(i64::MAX as u64) as i64);
+    m.index_bytes.set(is.bytes.min(i64::MAX as u64) as i64);
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        m.render(),
+    )
+        .into_response()
+}
+
+async fn list_pods(State(s): State<Arc<AppState>>) -> Response {
+    axum::Json(s.pods.views()).into_response()
+}
+
+fn admin_error(e: &Error) -> Response {
+    ApiError::new(400, "invalid_request_error", "bad_pods", e.to_string()).into_response()
+}
+
+async fn add_pod(State(s): State<Arc<AppState>>, body: Bytes) -> Response {
+    let pod: PodConfig = match serde_json::from_slice(&body) {
+        Ok(p) => p,
+        Err(e) => return ApiError::bad_request(format!("not a pod: {e}"), None).into_response(),
+    };
+    match s.pods.add(pod) {
+        Ok(id) => (
+            StatusCode::CREATED,
+            axum::Json(json!({"id": id.to_string()})),
+        )
+            .into_response(),
+        Err(e) => admin_error(&e),
+    }
+}
+
+async fn replace_pods(State(s): State<Arc<AppState>>, body: Bytes) -> Response {
+    let pods: Vec<PodConfig> = match serde_json::from_slice(&body) {
+        Ok(p) => p,
+        Err(e) => {
+            return ApiError::bad_request(format!("not a list of pods: {e}"), None).into_response();
+        }
+    };
+    match s.pods.replace_all(pods) {
+        Ok((added, removed)) => {
+            axum::Json(json!({"added": added, "removed": removed})).into_response()
+        }
+        Err(e) => admin_error(&e),
+    }
+}
+
+async fn remove_pod(State(s): State<Arc<AppState>>, UrlPath(name): UrlPath<String>) -> Response {
+    if s.pods.remove(&name) {
+        StatusCode::NO_CONTENT.into_response()
+    } else {
+        ApiError::new(
+            404,
+            "invalid_request_error",
+            "pod_not_found",
+            format!("no pod `{name}`"),
+        )
+        .into_response()
+    }
+}
+
+/// Re-reads the configuration file and applies its `[[pods]]`.
+async fn reload(State(s): State<Arc<AppState>>) -> Response {
+    let Some(path) = &s.config_path else {
+        return ApiError::new(
+            409,
+            "invalid_request_error",
+            "no_config_file",
+            "the gateway was not started from a file".into(),
+        )
+        .into_response();
+    };
+    let config = match Config::load(path) {
+        Ok(c) => c,
+        Err(e) => return admin_error(&e),
+    };
+    // Simulated engines are not in the file's pod list: keep them.
+    let mut wanted = config.pods;
+    wanted.extend(
+        s.pods
+            .views()
+            .into_iter()
+            .filter(|v| v.config.name.starts_with("sim-"))
+            .map(|v| v.config),
+    );
+    match s.pods.replace_all(wanted) {
+        Ok((added, removed)) => {
+            axum::Json(json!({"added": added, "removed": removed})).into_response()
+        }
+        Err(e) => admin_error(&e),
+    }
+}
+
+/// The error kind label and the client's answer for a failed workflow.
+fn exec_error(e: &ExecError) -> (&'static str, ApiError) {
+    match e {
+        ExecError::NoPod(_) => (
+            "no_pod",
+            ApiError::new(
+                503,
+                "service_unavailable",
+                "no_healthy_pod",
+                format!("no pod can take the request: {e}"),
+            ),
+        ),
+        ExecError::Timeout { .. } => (
+            "timeout",
+            ApiError::new(504, "timeout", "backend_timeout", e.to_string()),
+        ),
+        ExecError::Exhausted { last, .. } => match exec_error(last) {
+            ("timeout", api) => ("timeout", api),
+            _ => (
+                "backend",
+                ApiError::new(502, "bad_gateway", "backend_failed", e.to_string()),
+            ),
+        },
+        ExecError::Backend {
+            source: BackendError::Rejected { status, body },
+            ..
+        } => {
+            let message = serde_json::from_str::<Value>(body)
+                .ok()
+                .and_then(|v| v.pointer("/error/message")?.as_str().map(str::to_owned))
+                .unwrap_or_else(|| body.clone());
+            let mut api = ApiError::bad_request(message, None);
+            api.status = *status;
+            ("rejected", api)
+        }
+        _ => (
+            "backend",
+            ApiError::new(502, "bad_gateway", "backend_failed", e.to_string()),
+        ),
+    }
+}
+
+async fn generate(
+    State(s): State<Arc<AppState>>,
+    api: Api,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let endpoint = api.label();
+    match route(&s, api, &headers, body).await {
+        Ok(resp) => {
+            s.metrics.request(endpoint, resp.status().as_u16());
+            resp
+        }
+        Err((kind, e)) => {
+            s.metrics.error(kind);
+            s.metrics.request(endpoint, e.status);
+            e.into_response()
+        }
+    }
+}
+
+type Failure = (&'static str, ApiError);
+
+async fn route(
+    s: &Arc<AppState>,
+    api: Api,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, Failure> {
+    let arrived = std::time::Instant::now();
+    let too_large = || {
+        (
+            "body_too_large",
+            ApiError::new(
+                413,
+                "invalid_request_error",
+                "request_too_large",
+                format!("the request body is larger than {} bytes", s.max_body),
+            ),
+        )
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > s.max_body) {
+        return Err(too_large());
+    }
+    let raw = axum::body::to_bytes(body, s.max_body)
+        .await
+        .map_err(|_| too_large())?;
+    let mut body = openai::parse_body(&raw).map_err(|e| ("bad_request", e))?;
+    openai::check_model(&body, &s.model).map_err(|e| {
+        let kind = if e.status == 404 {
+            "unknown_model"
+        } else {
+            "bad_request"
+        };
+        (kind, e)
+    })?;
+
+    // Tokenize off the async threads, a bounded number at once.
+    let tokens = {
+        let _permit = s.tokenize.acquire().await.map_err(|_| {
+            (
+                "shutdown",
+                ApiError::new(
+                    503,
+                    "service_unavailable",
+                    "shutting_down",
+                    "shutting down".into(),
+                ),
+            )
+        })?;
+        let tok = s.tokenizer.clone();
+        let (b, tokens) = tokio::task::spawn_blocking(move || {
+            let t = openai::prompt_tokens(api, &body, &tok);
+            (body, t)
+        })
+        .await
+        .map_err(|e| {
+            (
+                "internal",
+                ApiError::new(500, "server_error", "internal", e.to_string()),
+            )
+        })?;
+        body = b;
+        tokens.map_err(|e| ("bad_request", e))?
+    };
+
+    let chain = s.hasher.chain(&s.namespace, &tokens);
+    let session = headers
+        .get(SESSION_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+        .or_else(|| body.get("user").and_then(Value::as_str).map(str::to_owned));
+    let mut ctx = Context::new();
+    ctx.insert(PROMPT_TOKENS, tokens.len() as u64);
+    ctx.insert(
+        HASH_KEY,
+        match &session {
+            Some(id) => xxhash_rust::xxh3::xxh3_64(id.as_bytes()),
+            None => chain.first().map_or(0, |h| h.0),
+        },
+    );
+    if let Some(id) = session {
+        ctx.insert(SESSION_ID, id);
+    }
+    ctx.insert(CHAIN, chain);
+    s.metrics.prompt_tokens.inc_by(tokens.len() as u64);
+
+    let stream = openai::is_stream(&body);
+    let client_wants_usage = openai::wants_usage(&body);
+    if stream {
+        // The engine's usage chunk feeds the cache feedback; it is dropped
+        // on the way out unless the client asked for it.
+        body["stream_options"] = json!({"include_usage": true});
+    }
+    let req = StepRequest::new(body, tokens.len() as u64);
+    let execution = s
+        .executor
+        .execute(&s.workflow, ctx, req)
+        .await
+        .map_err(|e| exec_error(&e))?;
+    let pod = execution.pod();
+    let predicted = u64::from(execution.predicted_cached_blocks()) * s.block_size;
+    s.metrics.predicted_cached_tokens.inc_by(predicted);
+    let mut out_headers = HeaderMap::new();
+    if let Some(name) = pod.and_then(|p| s.pods.name_of(p))
+        && let Ok(v) = HeaderValue::from_str(&name)
+    {
+        out_headers.insert(POD_HEADER, v);
+    }
+    out_headers.insert(PREDICTED_HEADER, HeaderValue::from(predicted));
+
+    if !stream {
+        let mut execution = execution;
+        let mut data = None;
+        while let Some(item) = execution.next().await {
+            match item {
+                Ok(Chunk::Data(v)) => {
+                    if data.is_none() {
+                        s.metrics
+                            .ttft_seconds
+                            .observe(arrived.elapsed().as_secs_f64());
+                    }
+                    data = Some(v);
+                }
+                Ok(Chunk::Usage { cached_tokens, .. }) => {
+                    s.metrics
+                        .actual_cached_tokens
+                        .inc_by(cached_tokens.unwrap_or(0));
+                }
+                Ok(_) => {}
+                Err(e) => return Err(exec_error(&e)),
+            }
+        }
+        let data = data.ok_or_else(|| {
+            (
+                "backend",
+                ApiError::new(
+                    502,
+                    "bad_gateway",
+                    "empty_response",
+                    "the engine sent no body".into(),
+                ),
+            )
+        })?;
+        return Ok((out_headers, axum::Json(data)).into_response());
+    }
+
+    let metrics = s.metrics.clone();
+    let mut first = true;
+    let events = execution
+        .map(move |item| -> Option<Bytes> {
+            match item {
+                Ok(Chunk::Data(v)) => {
+                    if first {
+                        first = false;
+                        metrics
+                            .ttft_seconds
+                            .observe(arrived.elapsed().as_secs_f64());
+                    }
+                    if !client_wants_usage && openai::is_usage_only(&v) {
+                        return None;
+                    }
+                    Some(Bytes::from(crate::sse::event(&v.to_string())))
+                }
+                Ok(Chunk::Usage { cached_tokens, .. }) => {
+                    metrics
+                        .actual_cached_tokens
+                        .inc_by(cached_tokens.unwrap_or(0));
+                    None
+                }
+                Ok(_) => None,
+                Err(e) => {
+                    let (kind, api) = exec_error(&e);
+                    metrics.error("stream");
+                    metrics.error(kind);
+                    Some(Bytes::from(crate::sse::event(&api.body().to_string())))
+                }
+            }
+        })
+        .filter_map(futures::future::ready)
+        .chain(futures::stream::once(async {
+            Bytes::from_static(b"data: [DONE]\n\n")
+        }))
+        .map(Ok::<_, std::convert::Infallible>);
+    out_headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    out_headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    Ok((out_headers, Body::from_stream(events)).into_response())
+}

@@ -1,0 +1,92 @@
+//! Server-sent events: the engine's streamed response, decoded as bytes
+//! arrive, in pieces cut anywhere.
+//!
+//! Lines end with `\n` (a `\r` before it is dropped); an event is its
+//! `data:` lines joined with `\n`, ended by a blank line; comments (`:`)
+//! and other fields (`event:`, `id:`, `retry:`) are ignored, as an OpenAI
+//! stream carries none that matter. A line longer than the limit is an
+//! error rather than unbounded buffering.
+
+/// Why a stream could not be decoded.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SseError {
+    /// A line was not UTF-8.
+    #[error("a server-sent event line is not UTF-8")]
+    NotUtf8,
+    /// A line grew past the limit without ending.
+    #[error("a server-sent event line is longer than {0} bytes")]
+    LineTooLong(usize),
+}
+
+/// An incremental decoder.
+#[derive(Debug)]
+pub struct SseDecoder {
+    line: Vec<u8>,
+    data: Option<String>,
+    max_line: usize,
+}
+
+impl Default for SseDecoder {
+    fn default() -> Self {
+        SseDecoder::new(16 << 20)
+    }
+}
+
+impl SseDecoder {
+    /// A decoder refusing lines over `max_line` bytes.
+    pub fn new(max_line: usize) -> Self {
+        SseDecoder {
+            line: Vec::new(),
+            data: None,
+            max_line,
+        }
+    }
+
+    /// Feeds `bytes`, pushing the data of every event they complete.
+    pub fn feed(&mut self, mut bytes: &[u8], out: &mut Vec<String>) -> Result<(), SseError> {
+        while let Some(nl) = bytes.iter().position(|&b| b == b'\n') {
+            self.line.extend_from_slice(&bytes[..nl]);
+            bytes = &bytes[nl + 1..];
+            let mut line = std::mem::take(&mut self.line);
+            if line.last() == Some(&b'\r') {
+                line.pop();
+            }
+            self.end_line(&line, out)?;
+        }
+        self.line.extend_from_slice(bytes);
+        if self.line.len() > self.max_line {
+            return Err(SseError::LineTooLong(self.max_line));
+        }
+        Ok(())
+    }
+
+    fn end_line(&mut self, line: &[u8], out: &mut Vec<String>) -> Result<(), SseError> {
+        if line.is_empty() {
+            if let Some(d) = self.data.take() {
+                out.push(d);
+            }
+            return Ok(());
+        }
+        let line = std::str::from_utf8(line).map_err(|_| SseError::NotUtf8)?;
+        let (field, value) = match line.split_once(':') {
+            Some((f, v)) => (f, v.strip_prefix(' ').unwrap_or(v)),
+            None => (line, ""),
+        };
+        if field == "data" {
+            match &mut self.data {
+                Some(d) => {
+                    d.push('\n');
+                    d.push_str(value);
+                }
+                None => self.data = Some(value.to_owned()),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Encodes one event carrying `data` (no newlines inside, as JSON has none).
+pub(crate) fn event(data: &str) -> String {
+    format!("data: {data}\n\n")
+}
