@@ -224,7 +224,7 @@ impl Gateway {
             .cloned()
             .unwrap_or_else(|| Arc::new(CircuitBreaker::new(BreakerConfig::default())));
         let subscriber = Subscriber::new(
-            Arc::new(hasher.clone()),
+            Arc::new(hasher),
             index.clone(),
             index.clone(),
             Some(g.model.clone()),

@@ -1,8 +1,8 @@
 //! vLLM's KV-cache event batches, encoded as vLLM's publisher encodes them
 //! (msgspec structs): the batch an array `[ts, events, data_parallel_rank]`;
 //! each event either a tagged map (`{"type": "BlockStored", ...}`, every
-//! field present) or a tagged array (`["BlockStored", ...]`, trailing
-//! defaults omitted). msgspec writes integers, strings and arrays in their
+//! field present) or a tagged array (`["BlockStored", ...]`, every field
+//! in order). msgspec writes integers, strings and arrays in their
 //! shortest MessagePack form and floats as float64; so does this encoder
 //! (a test compares its bytes with msgspec's).
 
@@ -105,9 +105,9 @@ fn event_array(out: &mut Vec<u8>, e: &WireEvent) {
             block_size,
             medium,
         } => {
-            // Tag and the six fields without defaults; the optional trailing
-            // ones (lora_name, extra_keys, group_idx, ...) are omitted.
-            arr(out, 7);
+            // Tag and every field: msgspec writes the defaulted trailing
+            // ones too (lora_name, extra_keys, group_idx, kv_cache_spec_*).
+            arr(out, 12);
             string(out, "BlockStored");
             uints(out, hashes.iter().copied());
             opt_uint(out, *parent);
@@ -115,12 +115,16 @@ fn event_array(out: &mut Vec<u8>, e: &WireEvent) {
             uint(out, u64::from(*block_size));
             nil(out); // lora_id
             string(out, medium);
+            for _ in 0..5 {
+                nil(out);
+            }
         }
         WireEvent::Removed { hashes, medium } => {
-            arr(out, 3);
+            arr(out, 4);
             string(out, "BlockRemoved");
             uints(out, hashes.iter().copied());
             string(out, medium);
+            nil(out); // group_idx
         }
         WireEvent::Cleared => {
             arr(out, 1);

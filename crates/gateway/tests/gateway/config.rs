@@ -1,0 +1,66 @@
+//! Configuration files: the bundled one is valid; bad ones are refused
+//! with their line.
+
+use router_gateway::{Config, DEFAULT_CONFIG, Error};
+
+use super::*;
+
+fn parse(text: &str) -> Result<Config, Error> {
+    Config::parse(text, Path::new(env!("CARGO_MANIFEST_DIR")))
+}
+
+#[test]
+fn the_bundled_config_parses() {
+    let c = parse(DEFAULT_CONFIG).unwrap();
+    assert_eq!(c.gateway.model, MODEL);
+    assert_eq!(c.simulated.as_ref().unwrap().engines, 4);
+    assert!(c.gateway.tokenizer.join("tokenizer.json").exists());
+}
+
+#[test]
+fn bad_configs_are_refused_with_their_line() {
+    let head = "[gateway]\nmodel = \"m\"\ntokenizer = \"t\"\n";
+    let cases = [
+        (format!("{head}colour = 3\n"), 4, "unknown field"),
+        (format!("{head}block_size = \"x\"\n"), 4, "invalid type"),
+        (
+            format!("{head}\n[[pods]]\nname = \"a\"\nurl = 5\n"),
+            7,
+            "invalid type",
+        ),
+        ("[gateway]\nmodel = \"m\"\n".to_owned(), 1, "tokenizer"),
+    ];
+    for (text, line, what) in cases {
+        match parse(&text) {
+            Err(Error::Config { line: l, message }) => {
+                assert_eq!(l, line, "{text}: {message}");
+                assert!(message.contains(what), "{message}");
+            }
+            other => panic!("{text}: {other:?}"),
+        }
+    }
+    let dup = format!(
+        "{head}[[pods]]\nname = \"a\"\nurl = \"http://x:1\"\n[[pods]]\nname = \"a\"\nurl = \"http://y:1\"\n"
+    );
+    assert!(matches!(parse(&dup), Err(Error::Pods(m)) if m.contains("two pods")));
+    let not_http = format!("{head}[[pods]]\nname = \"a\"\nurl = \"ftp://x\"\n");
+    assert!(matches!(parse(&not_http), Err(Error::Pods(_))));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_profile_or_a_bad_profile_stops_the_start() {
+    let base = format!(
+        "[gateway]\nlisten = \"127.0.0.1:0\"\nmodel = \"{MODEL}\"\ntokenizer = \"../../assets/tokenizers/qwen3\"\n"
+    );
+    let unknown = parse(&format!("{base}profile = \"fastest\"\n")).unwrap();
+    let err = Gateway::start(unknown).await.unwrap_err();
+    assert!(err.to_string().contains("fastest"), "{err}");
+    let bad = parse(&format!(
+        "{base}profile = \"p\"\n\n[profiles.p]\npicker = {{ type = \"max-scor\" }}\n"
+    ))
+    .unwrap();
+    match Gateway::start(bad).await.unwrap_err() {
+        Error::Policy(router_policy::Error::Config { line, .. }) => assert_eq!(line, 8),
+        other => panic!("{other:?}"),
+    }
+}

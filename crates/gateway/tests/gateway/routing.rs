@@ -1,0 +1,379 @@
+//! Where requests land, what streams, what happens when a pod dies, and
+//! pods changed at run time.
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use router_gateway::{PodConfig, SimEngine};
+use serde_json::{Value, json};
+
+use super::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multi_turn_conversation_lands_on_the_pod_holding_its_history() {
+    for encoding in ["map", "array"] {
+        let gw = gateway(
+            4,
+            "",
+            &format!("encoding = \"{encoding}\"\ntime_scale = 0.2"),
+        )
+        .await;
+        for conv in 0..3u32 {
+            let mut messages = vec![
+                json!({"role": "system", "content": system_prompt(conv, 300)}),
+                json!({"role": "user", "content": format!("Question one of conversation {conv}?")}),
+            ];
+            let first = post_settled(&gw, "/v1/chat/completions", &chat(&messages)).await;
+            assert_eq!(first.status, 200, "{:?}", first.body);
+            let home = first.pod.clone().unwrap();
+            for turn in 2..5 {
+                let reply = first
+                    .body
+                    .pointer("/choices/0/message/content")
+                    .unwrap()
+                    .clone();
+                messages.push(json!({"role": "assistant", "content": reply}));
+                messages.push(json!({"role": "user", "content": format!("And question {turn}?")}));
+                let next = post_settled(&gw, "/v1/chat/completions", &chat(&messages)).await;
+                assert_eq!(next.status, 200);
+                assert_eq!(
+                    next.pod.as_deref(),
+                    Some(home.as_str()),
+                    "{encoding} turn {turn}"
+                );
+                assert!(
+                    next.predicted >= 300,
+                    "the router saw the history: {}",
+                    next.predicted
+                );
+                assert_eq!(
+                    next.predicted, next.cached,
+                    "the index's prediction is what the engine reports ({encoding})"
+                );
+            }
+        }
+        let s = scrape(&gw).await;
+        assert!(value(&s, "cache_router_index_blocks", &[]) > 0.0);
+        assert_eq!(
+            value(&s, "cache_router_events_skipped_total", &[]),
+            0.0,
+            "{encoding}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_system_prompt_is_reused_without_pinning_all_traffic() {
+    let gw = gateway(4, "", "time_scale = 1.0").await;
+    let system = system_prompt(42, 500);
+    let msgs = |i: usize| {
+        chat(&[
+            json!({"role": "system", "content": system}),
+            json!({"role": "user", "content": format!("User {i} asks about {}", system_prompt(1000 + i as u32, 20))}),
+        ])
+    };
+    let warm = post_settled(&gw, "/v1/chat/completions", &msgs(0)).await;
+    assert_eq!(warm.status, 200);
+    // Waves of concurrent sessions sharing the prompt.
+    let mut by_pod: BTreeMap<String, usize> = BTreeMap::new();
+    let (mut cached, mut prompt) = (0u64, 0u64);
+    for wave in 0..3 {
+        let answers = futures::future::join_all((0..12).map(|i| {
+            let body = msgs(1 + wave * 12 + i);
+            let gw = &gw;
+            async move { post(gw, "/v1/chat/completions", &body).await }
+        }))
+        .await;
+        for a in answers {
+            assert_eq!(a.status, 200);
+            *by_pod.entry(a.pod.unwrap()).or_default() += 1;
+            cached += a.cached;
+            prompt += a.body["usage"]["prompt_tokens"].as_u64().unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(by_pod.len() >= 2, "traffic spread over pods: {by_pod:?}");
+    assert!(
+        by_pod.values().all(|&n| n < 36),
+        "no pod took every request: {by_pod:?}"
+    );
+    // The shared prompt is most of every request; most of it was reused.
+    assert!(
+        cached as f64 >= 0.5 * prompt as f64,
+        "cached {cached} of {prompt} prompt tokens ({by_pod:?})"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streaming_delivers_chunks_as_they_come() {
+    // Each decode step takes 5 ms x 4 = 20 ms.
+    let gw = gateway(2, "", "time_scale = 4.0").await;
+    let body = json!({"model": MODEL, "prompt": "Stream me", "stream": true, "max_tokens": 6});
+    let resp = client()
+        .post(format!("{}/v1/completions", gw.url()))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(
+        resp.headers()[reqwest::header::CONTENT_TYPE]
+            .to_str()
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
+    let mut decoder = router_gateway::SseDecoder::default();
+    let mut events: Vec<(Instant, String)> = Vec::new();
+    let mut bytes = resp.bytes_stream();
+    while let Some(piece) = bytes.next().await {
+        let mut out = Vec::new();
+        decoder.feed(&piece.unwrap(), &mut out).unwrap();
+        let now = Instant::now();
+        events.extend(out.into_iter().map(|d| (now, d)));
+    }
+    let data: Vec<&str> = events.iter().map(|(_, d)| d.as_str()).collect();
+    assert_eq!(data.len(), 7, "six tokens and [DONE]: {data:?}");
+    assert_eq!(*data.last().unwrap(), "[DONE]");
+    let texts: Vec<String> = data[..6]
+        .iter()
+        .map(|d| {
+            let v: Value = serde_json::from_str(d).unwrap();
+            assert!(
+                v.get("usage").is_none(),
+                "usage not asked for, not passed on"
+            );
+            v["choices"][0]["text"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    assert_eq!(texts.concat(), " the cache router keeps the prefix");
+    // Chunks arrived spread over the decode steps, not in one piece at the end.
+    let spread = events[5].0 - events[0].0;
+    assert!(
+        spread >= Duration::from_millis(60),
+        "first to last token: {spread:?}"
+    );
+    let distinct: HashSet<Instant> = events[..6].iter().map(|(t, _)| *t).collect();
+    assert!(distinct.len() >= 4, "tokens came in separate reads");
+
+    // Asked for, the usage chunk is passed through before [DONE].
+    let mut with_usage = body.clone();
+    with_usage["stream_options"] = json!({"include_usage": true});
+    let text = client()
+        .post(format!("{}/v1/completions", gw.url()))
+        .json(&with_usage)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    router_gateway::SseDecoder::default()
+        .feed(text.as_bytes(), &mut out)
+        .unwrap();
+    let usage: Value = serde_json::from_str(&out[out.len() - 2]).unwrap();
+    assert_eq!(usage["usage"]["completion_tokens"], 6);
+    assert_no_load_leaked(&gw).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_pod_fails_over_and_leaves_the_index() {
+    let mut gw = gateway(4, "unhealthy_after = 2", "time_scale = 0.5").await;
+    let mut messages = vec![
+        json!({"role": "system", "content": system_prompt(7, 300)}),
+        json!({"role": "user", "content": "First question?"}),
+    ];
+    let first = post_settled(&gw, "/v1/chat/completions", &chat(&messages)).await;
+    let home = first.pod.clone().unwrap();
+
+    // A long stream on the home pod, cut when the pod dies.
+    messages.push(json!({"role": "assistant", "content": "ok"}));
+    messages.push(json!({"role": "user", "content": "Second question?"}));
+    let mut long = chat(&messages);
+    long["stream"] = json!(true);
+    long["max_tokens"] = json!(400);
+    let resp = client()
+        .post(format!("{}/v1/chat/completions", gw.url()))
+        .json(&long)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.headers()[POD_HEADER].to_str().unwrap(), home);
+    let mut stream = resp.bytes_stream();
+    let _first_chunk = stream.next().await.unwrap().unwrap();
+
+    let slot: usize = home.trim_start_matches("sim-").parse().unwrap();
+    gw.engines_mut()[slot].kill();
+
+    // The cut stream ends with an error event, then [DONE].
+    let mut rest = Vec::new();
+    while let Some(Ok(piece)) = stream.next().await {
+        rest.extend_from_slice(&piece);
+    }
+    let rest = String::from_utf8(rest).unwrap();
+    assert!(rest.contains("\"error\""), "the client is told: {rest}");
+    assert!(rest.ends_with("data: [DONE]\n\n"));
+
+    // The next turn still prefers the dead pod's cache, fails there, and is
+    // retried elsewhere.
+    messages.push(json!({"role": "assistant", "content": "ok"}));
+    messages.push(json!({"role": "user", "content": "Third question?"}));
+    let next = post(&gw, "/v1/chat/completions", &chat(&messages)).await;
+    assert_eq!(next.status, 200, "{:?}", next.body);
+    assert_ne!(next.pod.as_deref(), Some(home.as_str()));
+
+    // The probes take it out of the index.
+    eventually(
+        Duration::from_secs(5),
+        "the dead pod leaves the index",
+        || async {
+            gw.pods()
+                .iter()
+                .any(|p| p.config.name == home && !p.healthy && !p.in_index)
+        },
+    )
+    .await;
+    let s = scrape(&gw).await;
+    assert!(value(&s, "cache_router_retries_total", &[]) >= 1.0);
+    assert_eq!(
+        value(&s, "cache_router_pod_healthy", &[("pod", &home)]),
+        0.0
+    );
+    // Everything else keeps working.
+    for i in 0..6 {
+        let a = post(
+            &gw,
+            "/v1/completions",
+            &json!({"model": MODEL, "prompt": format!("after the crash {i}"), "max_tokens": 2}),
+        )
+        .await;
+        assert_eq!(a.status, 200);
+        assert_ne!(a.pod.as_deref(), Some(home.as_str()));
+    }
+    assert_no_load_leaked(&gw).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_join_and_leave_at_run_time() {
+    let gw = gateway(2, "", "time_scale = 0.2").await;
+    let http = client();
+    // An engine the gateway did not start, added by an admin call.
+    let tok = std::sync::Arc::new(
+        router_hash::ModelTokenizer::from_dir(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/tokenizers/qwen3"),
+        )
+        .unwrap(),
+    );
+    let extra =
+        SimEngine::start(router_gateway::EngineConfig::new(MODEL, tok).time_scale(0.2)).unwrap();
+    let pod = PodConfig::new("extra", extra.url()).with_events(
+        extra.events_endpoint(),
+        Some(extra.replay_endpoint().into()),
+    );
+    let r = http
+        .post(format!("{}/admin/pods", gw.url()))
+        .json(&pod)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let again = http
+        .post(format!("{}/admin/pods", gw.url()))
+        .json(&pod)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        again.status(),
+        400,
+        "a second pod of the same name is refused"
+    );
+    let views = gw.pods();
+    assert!(views.iter().any(|p| p.config.name == "extra" && p.in_index));
+
+    // Its events reach the index: take the two others out of routing and
+    // send it a long prompt twice.
+    for name in ["sim-0", "sim-1"] {
+        let r = http
+            .delete(format!("{}/admin/pods/{name}", gw.url()))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 204);
+    }
+    assert_eq!(gw.pods().len(), 1);
+    let body = chat(&[json!({"role": "user", "content": system_prompt(3, 200)})]);
+    let a = post_settled(&gw, "/v1/chat/completions", &body).await;
+    assert_eq!(a.pod.as_deref(), Some("extra"));
+    let b = post(&gw, "/v1/chat/completions", &body).await;
+    assert!(b.predicted > 0 && b.predicted == b.cached, "{b:?}");
+
+    // Replacing the whole set removes what is not listed.
+    let r = http
+        .put(format!("{}/admin/pods", gw.url()))
+        .json(&Vec::<PodConfig>::new())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(gw.pods().is_empty());
+    let missing = http
+        .delete(format!("{}/admin/pods/extra", gw.url()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_applies_the_files_pod_list() {
+    let tok = std::sync::Arc::new(
+        router_hash::ModelTokenizer::from_dir(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/tokenizers/qwen3"),
+        )
+        .unwrap(),
+    );
+    let engines: Vec<SimEngine> = (0..2)
+        .map(|_| {
+            SimEngine::start(router_gateway::EngineConfig::new(MODEL, tok.clone()).time_scale(0.1))
+                .unwrap()
+        })
+        .collect();
+    let dir = std::env::temp_dir().join(format!("cache-router-reload-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let tokenizer = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/tokenizers/qwen3");
+    let write = |n: usize| {
+        let mut text = format!(
+            "[gateway]\nlisten = \"127.0.0.1:0\"\nmodel = \"{MODEL}\"\ntokenizer = {:?}\n",
+            tokenizer.display().to_string()
+        );
+        for (i, e) in engines.iter().take(n).enumerate() {
+            text.push_str(&format!(
+                "\n[[pods]]\nname = \"e{i}\"\nurl = \"{}\"\nevents = \"{}\"\nreplay = \"{}\"\n",
+                e.url(),
+                e.events_endpoint(),
+                e.replay_endpoint()
+            ));
+        }
+        std::fs::write(dir.join("gateway.toml"), text).unwrap();
+    };
+    write(2);
+    let gw = Gateway::start(Config::load(&dir.join("gateway.toml")).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(gw.pods().len(), 2);
+    write(1);
+    let r: Value = client()
+        .post(format!("{}/admin/reload", gw.url()))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(r["removed"], json!(["e1"]));
+    let names: Vec<String> = gw.pods().into_iter().map(|p| p.config.name).collect();
+    assert_eq!(names, ["e0"]);
+    std::fs::remove_dir_all(&dir).ok();
+}
