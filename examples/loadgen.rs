@@ -1,0 +1,348 @@
+//! Load generator for the gateway: multi-turn chat sessions sharing a few
+//! system prompts, streamed, reporting time to first token, throughput, and
+//! the cached tokens the router predicted against what the engines reported.
+//!
+//! ```text
+//! cargo run --release --example loadgen                        # each profile on a fresh embedded gateway
+//! cargo run --release --example loadgen -- --url http://127.0.0.1:8000  # a running gateway
+//! ```
+//!
+//! Without `--url` it starts the bundled gateway (four simulated engines)
+//! once per profile named in `--profiles`, so the profiles are compared on
+//! the same sessions from the same cold start.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use futures::StreamExt;
+use router_gateway::{Config, DEFAULT_CONFIG, Gateway, POD_HEADER, PREDICTED_HEADER, SseDecoder};
+use serde_json::{Value, json};
+
+#[derive(Parser, Debug, Clone)]
+#[command(about = "Drive the cache-router gateway with multi-turn chat sessions")]
+struct Args {
+    /// A running gateway; without it, one is started per profile.
+    #[arg(long)]
+    url: Option<String>,
+    /// Profiles to compare on embedded gateways (comma-separated).
+    #[arg(
+        long,
+        default_value = "cache-aware,session-affinity,least-requests,round-robin"
+    )]
+    profiles: String,
+    /// The model name to send.
+    #[arg(long, default_value = "Qwen/Qwen3-0.6B")]
+    model: String,
+    /// Chat sessions.
+    #[arg(long, default_value_t = 48)]
+    sessions: usize,
+    /// Turns per session.
+    #[arg(long, default_value_t = 4)]
+    turns: usize,
+    /// Distinct system prompts the sessions share.
+    #[arg(long, default_value_t = 4)]
+    system_prompts: usize,
+    /// Words per system prompt (a word is a token or two).
+    #[arg(long, default_value_t = 300)]
+    system_words: usize,
+    /// Words of a document each session pastes in its first turn (its own
+    /// context, which only the pod that saw it has cached).
+    #[arg(long, default_value_t = 800)]
+    doc_words: usize,
+    /// Sessions running at once.
+    #[arg(long, default_value_t = 16)]
+    concurrency: usize,
+    /// Tokens generated per turn.
+    #[arg(long, default_value_t = 16)]
+    max_tokens: u32,
+    /// Embedded engines' time scale (1.0: the modelled GPU).
+    #[arg(long, default_value_t = 1.0)]
+    time_scale: f64,
+}
+
+const VOCAB: [&str; 16] = [
+    "cache", "prefix", "router", "block", "engine", "token", "latency", "pod", "shard", "bitmap",
+    "event", "profile", "decode", "prefill", "queue", "tier",
+];
+
+/// `words` pseudo-random words from `seed` (xorshift; no dependency).
+fn text(seed: u64, words: usize) -> String {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut s = String::new();
+    for _ in 0..words {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        s.push(' ');
+        s.push_str(VOCAB[(x % VOCAB.len() as u64) as usize]);
+    }
+    s
+}
+
+#[derive(Debug, Default)]
+struct Turn {
+    ok: bool,
+    ttft: Duration,
+    prompt_tokens: u64,
+    output_tokens: u64,
+    predicted: u64,
+    cached: u64,
+    pod: String,
+}
+
+async fn one_turn(
+    client: &reqwest::Client,
+    url: &str,
+    session: &str,
+    body: &Value,
+) -> (Turn, String) {
+    let mut turn = Turn::default();
+    let start = Instant::now();
+    let Ok(resp) = client
+        .post(format!("{url}/v1/chat/completions"))
+        .header("x-session-id", session)
+        .json(body)
+        .send()
+        .await
+    else {
+        return (turn, String::new());
+    };
+    if !resp.status().is_success() {
+        return (turn, String::new());
+    }
+    let header = |n: &str| {
+        resp.headers()
+            .get(n)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned()
+    };
+    turn.pod = header(POD_HEADER);
+    turn.predicted = header(PREDICTED_HEADER).parse().unwrap_or(0);
+    let mut reply = String::new();
+    let mut decoder = SseDecoder::default();
+    let mut events = Vec::new();
+    let mut bytes = resp.bytes_stream();
+    let mut done = false;
+    while let Some(Ok(piece)) = bytes.next().await {
+        if decoder.feed(&piece, &mut events).is_err() {
+            break;
+        }
+        for data in events.drain(..) {
+            if data == "[DONE]" {
+                done = true;
+                continue;
+            }
+            let Ok(v) = serde_json::from_str::<Value>(&data) else {
+                continue;
+            };
+            if v.get("error").is_some() {
+                return (turn, reply);
+            }
+            if let Some(c) = v
+                .pointer("/choices/0/delta/content")
+                .and_then(Value::as_str)
+                && !c.is_empty()
+            {
+                if turn.output_tokens == 0 {
+                    turn.ttft = start.elapsed();
+                }
+                turn.output_tokens += 1;
+                reply.push_str(c);
+            }
+            if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
+                turn.prompt_tokens = u["prompt_tokens"].as_u64().unwrap_or(0);
+                turn.cached = u
+                    .pointer("/prompt_tokens_details/cached_tokens")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(0);
+            }
+        }
+    }
+    turn.ok = done && turn.output_tokens > 0;
+    (turn, reply)
+}
+
+async fn session(args: Arc<Args>, url: Arc<str>, client: reqwest::Client, id: usize) -> Vec<Turn> {
+    let system = format!(
+        "You are support agent {}.{}",
+        id % args.system_prompts,
+        text((id % args.system_prompts) as u64 + 1, args.system_words)
+    );
+    let mut messages = vec![json!({"role": "system", "content": system})];
+    let mut out = Vec::new();
+    for t in 0..args.turns {
+        let mut question = format!(
+            "Question {t} of user {id}:{}?",
+            text((id * 100 + t) as u64 + 7, 30)
+        );
+        if t == 0 {
+            question = format!(
+                "Here is my document:{}\n{question}",
+                text(1_000_000 + id as u64, args.doc_words)
+            );
+        }
+        messages.push(json!({"role": "user", "content": question}));
+        let body = json!({
+            "model": args.model, "messages": messages, "stream": true,
+            "stream_options": {"include_usage": true}, "max_tokens": args.max_tokens,
+        });
+        let (turn, reply) = one_turn(&client, &url, &format!("session-{id}"), &body).await;
+        out.push(turn);
+        messages.push(json!({"role": "assistant", "content": reply}));
+    }
+    out
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[i].as_secs_f64() * 1000.0
+}
+
+struct Summary {
+    label: String,
+    turns: Vec<Turn>,
+    wall: Duration,
+}
+
+impl Summary {
+    fn failed(&self) -> usize {
+        self.turns.iter().filter(|t| !t.ok).count()
+    }
+
+    fn row(&self) -> String {
+        let ok: Vec<&Turn> = self.turns.iter().filter(|t| t.ok).collect();
+        let mut ttft: Vec<Duration> = ok.iter().map(|t| t.ttft).collect();
+        ttft.sort_unstable();
+        let prompt: u64 = ok.iter().map(|t| t.prompt_tokens).sum();
+        let cached: u64 = ok.iter().map(|t| t.cached).sum();
+        let predicted: u64 = ok.iter().map(|t| t.predicted).sum();
+        let exact = ok.iter().filter(|t| t.predicted == t.cached).count();
+        let output: u64 = ok.iter().map(|t| t.output_tokens).sum();
+        let mut pods: BTreeMap<&str, usize> = BTreeMap::new();
+        for t in &ok {
+            *pods.entry(t.pod.as_str()).or_default() += 1;
+        }
+        let busiest = pods.values().max().copied().unwrap_or(0) as f64;
+        let mean = ok.len() as f64 / pods.len().max(1) as f64;
+        format!(
+            "{:<17} {:>5} {:>4} {:>8.1} {:>8.1} {:>8.1} {:>7.1} {:>7.0} {:>7.1}% {:>7.1}% {:>6.1}% {:>6.2}",
+            self.label,
+            ok.len(),
+            self.turns.len() - ok.len(),
+            percentile(&ttft, 0.5),
+            percentile(&ttft, 0.9),
+            percentile(&ttft, 0.99),
+            ok.len() as f64 / self.wall.as_secs_f64(),
+            output as f64 / self.wall.as_secs_f64(),
+            100.0 * cached as f64 / prompt.max(1) as f64,
+            100.0 * predicted as f64 / prompt.max(1) as f64,
+            100.0 * exact as f64 / ok.len().max(1) as f64,
+            busiest / mean.max(1e-9),
+        )
+    }
+}
+
+async fn drive(args: Arc<Args>, url: &str, label: &str) -> Summary {
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("client");
+    let url: Arc<str> = Arc::from(url.trim_end_matches('/'));
+    let start = Instant::now();
+    let turns: Vec<Turn> = futures::stream::iter(0..args.sessions)
+        .map(|id| session(args.clone(), url.clone(), client.clone(), id))
+        .buffer_unordered(args.concurrency.max(1))
+        .flat_map(futures::stream::iter)
+        .collect()
+        .await;
+    Summary {
+        label: label.to_owned(),
+        turns,
+        wall: start.elapsed(),
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let args = Arc::new(Args::parse());
+    println!(
+        "{} sessions x {} turns, {} shared system prompts of ~{} words, a {}-word document per session, {} sessions at once, {} tokens out",
+        args.sessions,
+        args.turns,
+        args.system_prompts,
+        args.system_words,
+        args.doc_words,
+        args.concurrency,
+        args.max_tokens
+    );
+    println!(
+        "{:<17} {:>5} {:>4} {:>8} {:>8} {:>8} {:>7} {:>7} {:>8} {:>8} {:>7} {:>6}",
+        "profile",
+        "ok",
+        "err",
+        "ttft p50",
+        "p90",
+        "p99",
+        "req/s",
+        "tok/s",
+        "cached",
+        "predict",
+        "exact",
+        "max/µ"
+    );
+    let mut failed = 0;
+    if let Some(url) = &args.url {
+        let s = drive(args.clone(), url, "(remote)").await;
+        println!("{}", s.row());
+        failed += s.failed();
+    }
+    let profiles = if args.url.is_some() {
+        ""
+    } else {
+        args.profiles.as_str()
+    };
+    for profile in profiles.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let mut config = match Config::parse(
+            DEFAULT_CONFIG,
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/gateway"),
+        ) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("loadgen: {e}");
+                std::process::exit(2);
+            }
+        };
+        config.gateway.listen = ([127, 0, 0, 1], 0).into();
+        config.gateway.profile = profile.to_owned();
+        if let Some(sim) = config.simulated.as_mut() {
+            sim.time_scale = args.time_scale;
+        }
+        let gateway = match Gateway::start(config).await {
+            Ok(g) => g,
+            Err(e) => {
+                eprintln!("loadgen: profile {profile}: {e}");
+                std::process::exit(1);
+            }
+        };
+        let s = drive(args.clone(), &gateway.url(), profile).await;
+        println!("{}", s.row());
+        failed += s.failed();
+        drop(gateway);
+    }
+    println!(
+        "cached: prompt tokens the engines served from cache; predict: what the router's index \
+         said the chosen pod held; exact: turns where the two agree; max/µ: busiest pod's share \
+         over the mean"
+    );
+    if failed > 0 {
+        eprintln!("loadgen: {failed} turns failed");
+        std::process::exit(1);
+    }
+}
