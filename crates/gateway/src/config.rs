@@ -71,9 +71,23 @@ pub struct GatewayConfig {
     /// Tokens per KV block, as the engines are configured.
     #[serde(default = "default_block_size")]
     pub block_size: u32,
-    /// The routing profile, one of `[profiles.*]`.
+    /// The routing profile, one of `[profiles.*]` (single dispatch).
     #[serde(default = "default_profile")]
     pub profile: String,
+    /// `single` (one pod runs the request) or `prefill-decode` (a prefill
+    /// pod, then a decode pod given its KV handle).
+    #[serde(default)]
+    pub workflow: WorkflowKind,
+    /// The prefill step's profile (`prefill-decode`).
+    #[serde(default = "default_prefill_profile")]
+    pub prefill_profile: String,
+    /// The decode step's profile (`prefill-decode`).
+    #[serde(default = "default_decode_profile")]
+    pub decode_profile: String,
+    /// Prompts of at most this many tokens skip the prefill step
+    /// (`prefill-decode`; 0: none do).
+    #[serde(default)]
+    pub decode_only_below_tokens: u64,
     /// Largest request body accepted, in bytes (413 beyond).
     #[serde(default = "default_max_body")]
     pub max_body_bytes: usize,
@@ -95,6 +109,17 @@ pub struct GatewayConfig {
     /// Failed probes in a row before a pod is taken out.
     #[serde(default = "default_unhealthy_after")]
     pub unhealthy_after: u32,
+}
+
+/// How a request is run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WorkflowKind {
+    /// One pod runs the whole request.
+    #[default]
+    Single,
+    /// Prefill on one pod, decode on another with the prefill's KV handle.
+    PrefillDecode,
 }
 
 /// One engine (one data-parallel rank).
@@ -166,6 +191,10 @@ mod role_name {
 pub struct SimulatedConfig {
     /// How many.
     pub engines: usize,
+    /// The first this many are prefill pods and the rest decode pods
+    /// (0: every engine runs whole requests).
+    #[serde(default)]
+    pub prefill_engines: usize,
     /// Their event encoding.
     #[serde(default)]
     pub encoding: Encoding,
@@ -189,6 +218,12 @@ fn default_block_size() -> u32 {
 }
 fn default_profile() -> String {
     "cache-aware".into()
+}
+fn default_prefill_profile() -> String {
+    "prefill".into()
+}
+fn default_decode_profile() -> String {
+    "decode".into()
 }
 fn default_max_body() -> usize {
     4 << 20
@@ -265,6 +300,14 @@ impl Config {
         }
         if g.max_attempts == 0 || g.tokenize_concurrency == 0 {
             return bad("gateway.max_attempts and tokenize_concurrency must be at least 1".into());
+        }
+        if let Some(s) = &self.simulated
+            && s.prefill_engines > s.engines
+        {
+            return bad(format!(
+                "simulated.prefill_engines ({}) is more than simulated.engines ({})",
+                s.prefill_engines, s.engines
+            ));
         }
         if let Some(s) = &self.simulated
             && !(s.time_scale.is_finite() && s.time_scale >= 0.0)

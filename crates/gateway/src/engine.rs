@@ -28,7 +28,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
@@ -128,6 +128,7 @@ impl EngineConfig {
 /// A running simulated engine.
 #[derive(Debug)]
 pub struct SimEngine {
+    active: Arc<AtomicUsize>,
     url: String,
     events: String,
     replay: String,
@@ -155,12 +156,14 @@ impl SimEngine {
             .build()
             .map_err(|e| bind_err("engine runtime", &e))?;
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
+        let active = Arc::new(AtomicUsize::new(0));
+        let active_in = active.clone();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let thread = std::thread::Builder::new()
             .name(format!("sim-engine-{}", http.port()))
             .spawn(move || {
                 rt.block_on(async move {
-                    match run(config, listener).await {
+                    match run(config, listener, active_in).await {
                         Ok((events, replay, tasks)) => {
                             let _ = ready_tx.send(Ok((events, replay)));
                             // Runs until killed; dropping the runtime then
@@ -177,6 +180,7 @@ impl SimEngine {
             .map_err(|e| bind_err("engine thread", &e))?;
         let (events, replay) = ready_rx.recv().map_err(|e| bind_err("engine", &e))??;
         Ok(SimEngine {
+            active,
             url: format!("http://{http}"),
             events,
             replay,
@@ -198,6 +202,12 @@ impl SimEngine {
     /// The replay endpoint.
     pub fn replay_endpoint(&self) -> &str {
         &self.replay
+    }
+
+    /// Requests admitted and not finished (a request the client abandoned
+    /// is finished as soon as the engine notices the closed connection).
+    pub fn active_requests(&self) -> usize {
+        self.active.load(Ordering::SeqCst)
     }
 
     /// Stops the engine as a crash would: listener, connections and sockets
@@ -226,6 +236,7 @@ struct Engine {
     lane: Mutex<Instant>,
     events: mpsc::UnboundedSender<Vec<WireEvent>>,
     next_id: AtomicU64,
+    active: Arc<AtomicUsize>,
 }
 
 type Tasks = Vec<tokio::task::JoinHandle<()>>;
@@ -233,6 +244,7 @@ type Tasks = Vec<tokio::task::JoinHandle<()>>;
 async fn run(
     cfg: EngineConfig,
     listener: std::net::TcpListener,
+    active: Arc<AtomicUsize>,
 ) -> Result<(String, String, Tasks), Error> {
     let bind_err = |what: &str, e: &dyn std::fmt::Display| Error::Bind {
         what: what.into(),
@@ -263,6 +275,7 @@ async fn run(
         lane: Mutex::new(Instant::now()),
         events: tx,
         next_id: AtomicU64::new(0),
+        active,
         seed,
         cfg,
     });
@@ -386,6 +399,7 @@ struct Lease {
 impl Drop for Lease {
     fn drop(&mut self) {
         self.engine.cache.lock().release(&self.blocks);
+        self.engine.active.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -486,6 +500,7 @@ impl Engine {
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         };
+        self.active.fetch_add(1, Ordering::SeqCst);
         let lease = Lease {
             engine: self.clone(),
             blocks: blocks.clone(),
@@ -495,16 +510,32 @@ impl Engine {
         let cached = ((admission.gpu_hits + admission.cpu_hits) * bs).min(tokens.len());
         let new = (tokens.len() - cached) as f64;
         let c = &self.cfg.cost;
-        let prefill_ms = c.overhead_ms
-            + c.per_token_us * new / 1e3
-            + c.attention_ns * new * (cached as f64 + new / 2.0) / 1e6;
-        let done = {
-            let mut lane = self.lane.lock();
-            let start = (*lane).max(Instant::now());
-            *lane = start + self.scaled(prefill_ms);
-            *lane
+        let transfer = |key: &str| {
+            body.pointer(&format!("/kv_transfer_params/{key}"))
+                .and_then(Value::as_bool)
+                .unwrap_or(false)
         };
-        tokio::time::sleep_until(done).await;
+        // Disaggregated serving, as vLLM's connectors do it: a prefill
+        // request (`do_remote_decode`) answers with the handle of its KV;
+        // a decode request holding a handle (`do_remote_prefill`) pulls the
+        // blocks it lacks instead of computing them (timed as loads).
+        let (remote_decode, remote_prefill) =
+            (transfer("do_remote_decode"), transfer("do_remote_prefill"));
+        if remote_prefill {
+            let pulled = admission.computed.len() as f64;
+            tokio::time::sleep(self.scaled(c.cpu_load_ms * pulled)).await;
+        } else {
+            let prefill_ms = c.overhead_ms
+                + c.per_token_us * new / 1e3
+                + c.attention_ns * new * (cached as f64 + new / 2.0) / 1e6;
+            let done = {
+                let mut lane = self.lane.lock();
+                let start = (*lane).max(Instant::now());
+                *lane = start + self.scaled(prefill_ms);
+                *lane
+            };
+            tokio::time::sleep_until(done).await;
+        }
         self.cache.lock().computed(&admission.computed);
         self.announce(&blocks, &tokens);
         let step = self.scaled(
@@ -528,11 +559,21 @@ impl Engine {
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
         };
-        if !openai::is_stream(&body) {
-            tokio::time::sleep(step * max_tokens).await;
+        if remote_decode || !openai::is_stream(&body) {
+            let out = if remote_decode { 1 } else { max_tokens };
+            tokio::time::sleep(step * out).await;
             drop(lease);
-            let text: String = (0..max_tokens).map(word).collect();
-            return Ok(axum::Json(reply.whole(&text, usage)).into_response());
+            let text: String = (0..out).map(word).collect();
+            let mut whole = reply.whole(&text, usage);
+            if remote_decode {
+                whole["kv_transfer_params"] = json!({
+                    "do_remote_prefill": true, "do_remote_decode": false,
+                    "remote_engine_id": format!("sim-{:x}", self.seed),
+                    "remote_block_ids": blocks, "remote_host": "127.0.0.1",
+                    "remote_port": 0,
+                });
+            }
+            return Ok(axum::Json(whole).into_response());
         }
         // The stream's items: the chat role opener (vLLM sends one), a
         // token per decode step, the usage chunk if asked, `[DONE]`.

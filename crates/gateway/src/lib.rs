@@ -41,12 +41,12 @@ mod sse;
 mod wire;
 
 pub use backend::HttpBackend;
-pub use config::{Config, DEFAULT_CONFIG, GatewayConfig, PodConfig, SimulatedConfig};
+pub use config::{Config, DEFAULT_CONFIG, GatewayConfig, PodConfig, SimulatedConfig, WorkflowKind};
 pub use engine::{EngineConfig, SimEngine};
 pub use error::Error;
 pub use metrics::Metrics;
 pub use openai::{Api, ApiError, prompt_tokens};
 pub use pods::PodView;
-pub use server::{Gateway, POD_HEADER, PREDICTED_HEADER, SESSION_HEADER};
+pub use server::{Gateway, POD_HEADER, PREDICTED_HEADER, PREFILL_POD_HEADER, SESSION_HEADER};
 pub use sse::{SseDecoder, SseError};
 pub use wire::{Encoding, WireEvent, encode_batch};

@@ -14,29 +14,32 @@ use futures::StreamExt;
 use router_core::{Namespace, PrefixIndex};
 use router_events::Subscriber;
 use router_exec::{
-    BackendError, Chunk, Error as ExecError, Executor, Feedback, RetryPolicy, StepRequest, Workflow,
+    BackendError, Chunk, Error as ExecError, Executor, Feedback, RetryPolicy, Shortcut, StepKind,
+    StepRequest, Workflow,
 };
 use router_hash::{ChainHasher, ModelTokenizer};
 use router_index::{Index, IndexConfig};
 use router_policy::builtin::{BreakerConfig, CircuitBreaker};
 use router_policy::keys::{CACHE_HITS, CHAIN, CacheHits, HASH_KEY, PROMPT_TOKENS, SESSION_ID};
-use router_policy::{
-    Built, Context, Filter, Fleet, KeyId, Plugin, PodState, Prepare, Profile, Registry,
-};
+use router_policy::{Built, Context, Filter, Fleet, KeyId, Plugin, PodState, Prepare, Registry};
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
 use crate::Error;
 use crate::backend::HttpBackend;
-use crate::config::{Config, PodConfig};
+use crate::config::{Config, PodConfig, WorkflowKind};
 use crate::engine::{EngineConfig, SimEngine};
 use crate::metrics::{Metrics, raise};
 use crate::openai::{self, Api, ApiError};
 use crate::pods::{PodView, Pods, probe_loop};
+use router_policy::Role;
 
 /// Header naming the pod that served a request.
 pub const POD_HEADER: &str = "x-cache-router-pod";
+/// Header naming the pod that ran the prefill step, in a prefill-decode
+/// workflow.
+pub const PREFILL_POD_HEADER: &str = "x-cache-router-prefill-pod";
 /// Header with the cached tokens the index predicted on that pod.
 pub const PREDICTED_HEADER: &str = "x-cache-router-predicted-cached-tokens";
 /// Request header carrying a session id (for session affinity); the
@@ -131,12 +134,12 @@ impl Filter for SharedBreaker {
     }
 }
 
-fn profiles(
+fn workflow(
     config: &Config,
     index: Arc<Index>,
     metrics: Arc<Metrics>,
     breaker_slot: Arc<OnceLock<Arc<CircuitBreaker>>>,
-) -> Result<Profile, Error> {
+) -> Result<Workflow, Error> {
     let mut registry = Registry::with_builtins().with_index(index.clone());
     registry.register("prefix-match", move |p, _| {
         p.none()?;
@@ -158,18 +161,39 @@ fn profiles(
         default_profiles(config.gateway.block_size)
     };
     let mut all = registry.load_embedded(&text)?;
-    let name = &config.gateway.profile;
-    all.remove(name).ok_or_else(|| Error::Config {
-        line: 0,
-        message: format!(
-            "gateway.profile `{name}` is not among the profiles ({})",
-            all.keys().cloned().collect::<Vec<_>>().join(", ")
-        ),
-    })
+    let mut take = |name: &str, key: &str| {
+        all.remove(name).map(Arc::new).ok_or_else(|| Error::Config {
+            line: 0,
+            message: format!(
+                "gateway.{key} `{name}` is not among the profiles ({})",
+                all.keys().cloned().collect::<Vec<_>>().join(", ")
+            ),
+        })
+    };
+    let g = &config.gateway;
+    let w = match g.workflow {
+        WorkflowKind::Single => Workflow::single(take(&g.profile, "profile")?),
+        WorkflowKind::PrefillDecode => {
+            let prefill = take(&g.prefill_profile, "prefill_profile")?;
+            let decode = take(&g.decode_profile, "decode_profile")?;
+            let w = Workflow::prefill_decode(prefill, decode);
+            if g.decode_only_below_tokens > 0 {
+                w.with_shortcut(Shortcut {
+                    max_prompt_tokens: g.decode_only_below_tokens,
+                    min_cached_fraction: f64::INFINITY,
+                })
+            } else {
+                w
+            }
+        }
+    };
+    Ok(w.with_timeout(Duration::from_millis(g.request_timeout_ms)))
 }
 
-/// router-policy's default profile with the gateway's block size, plus
-/// the health and circuit-breaker filters.
+/// Profiles for a file without any: router-policy's default with the
+/// gateway's block size and the health and circuit-breaker filters, and a
+/// prefill and a decode profile for disaggregated serving (the prefill pod
+/// chosen for its cache, the decode pod for its load).
 fn default_profiles(block_size: u32) -> String {
     format!(
         r#"[profiles.cache-aware]
@@ -178,6 +202,17 @@ prepare = [{{ type = "prefix-match" }}]
 filters = [{{ type = "health" }}, {{ type = "circuit-breaker" }}]
 scorers = [{{ type = "cache-aware-cost", weight = 1.0, overlap_weight = {w}, block_size = {block_size} }}]
 picker = {{ type = "max-score" }}
+
+[profiles.prefill]
+inputs = ["chain", "prompt_tokens"]
+prepare = [{{ type = "prefix-match" }}]
+filters = [{{ type = "health" }}, {{ type = "circuit-breaker" }}, {{ type = "role", role = "prefill" }}]
+scorers = [{{ type = "cache-aware-cost", weight = 1.0, overlap_weight = {w}, block_size = {block_size} }}]
+picker = {{ type = "max-score" }}
+
+[profiles.decode]
+filters = [{{ type = "health" }}, {{ type = "circuit-breaker" }}, {{ type = "role", role = "decode" }}]
+picker = {{ type = "least-requests" }}
 "#,
         w = router_policy::DEFAULT_OVERLAP_WEIGHT
     )
@@ -203,6 +238,13 @@ impl Gateway {
                 let mut pod = PodConfig::new(format!("sim-{i}"), e.url())
                     .with_events(e.events_endpoint(), Some(e.replay_endpoint().to_owned()));
                 pod.topic = "kv-events".into();
+                if sim.prefill_engines > 0 {
+                    pod.role = if i < sim.prefill_engines {
+                        Role::Prefill
+                    } else {
+                        Role::Decode
+                    };
+                }
                 config.pods.push(pod);
                 engines.push(e);
             }
@@ -213,12 +255,12 @@ impl Gateway {
         let index: Arc<Index> = Index::new(IndexConfig::default());
         let hasher = ChainHasher::new(g.block_size as usize)?;
         let breaker_slot = Arc::new(OnceLock::new());
-        let profile = Arc::new(profiles(
+        let workflow = workflow(
             &config,
             index.clone(),
             metrics.clone(),
             breaker_slot.clone(),
-        )?);
+        )?;
         let breaker = breaker_slot
             .get()
             .cloned()
@@ -251,8 +293,6 @@ impl Gateway {
         .with_breaker(breaker.clone())
         .with_retry(RetryPolicy::new(g.max_attempts, Duration::from_millis(10)))
         .with_observer(metrics.clone());
-        let workflow =
-            Workflow::single(profile).with_timeout(Duration::from_millis(g.request_timeout_ms));
         let state = Arc::new(AppState {
             namespace: Namespace::model(g.model.clone()),
             model: g.model.clone(),
@@ -322,6 +362,11 @@ impl Gateway {
     }
 
     /// The simulated engines, in pod order (`sim-0`, `sim-1`, ...).
+    pub fn engines(&self) -> &[SimEngine] {
+        &self.engines
+    }
+
+    /// The simulated engines, to kill one.
     pub fn engines_mut(&mut self) -> &mut [SimEngine] {
         &mut self.engines
     }
@@ -711,6 +756,16 @@ async fn route(
         out_headers.insert(POD_HEADER, v);
     }
     out_headers.insert(PREDICTED_HEADER, HeaderValue::from(predicted));
+    let prefill_pod = execution
+        .steps()
+        .iter()
+        .find(|(kind, _)| *kind == StepKind::Prefill)
+        .and_then(|(_, p)| s.pods.name_of(*p));
+    if let Some(name) = prefill_pod
+        && let Ok(v) = HeaderValue::from_str(&name)
+    {
+        out_headers.insert(PREFILL_POD_HEADER, v);
+    }
 
     if !stream {
         let mut execution = execution;

@@ -178,6 +178,33 @@ async fn streaming_delivers_chunks_as_they_come() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_going_away_cancels_the_engine_request() {
+    let gw = gateway(1, "", "time_scale = 1.0").await;
+    // 2000 tokens at 5 ms each: ten seconds if it ran to the end.
+    let body =
+        json!({"model": MODEL, "prompt": "Tell me everything", "stream": true, "max_tokens": 2000});
+    let resp = client()
+        .post(format!("{}/v1/completions", gw.url()))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let mut stream = resp.bytes_stream();
+    let _ = stream.next().await.unwrap().unwrap();
+    assert_eq!(gw.engines()[0].active_requests(), 1);
+    let s = scrape(&gw).await;
+    assert_eq!(value(&s, "cache_router_pod_in_flight", &[]), 1.0);
+    drop(stream);
+    eventually(
+        Duration::from_secs(2),
+        "the engine drops the abandoned request",
+        || async { gw.engines()[0].active_requests() == 0 },
+    )
+    .await;
+    assert_no_load_leaked(&gw).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_pod_fails_over_and_leaves_the_index() {
     let mut gw = gateway(4, "unhealthy_after = 2", "time_scale = 0.5").await;
     let mut messages = vec![
@@ -376,4 +403,59 @@ async fn a_reload_applies_the_files_pod_list() {
     let names: Vec<String> = gw.pods().into_iter().map(|p| p.config.name).collect();
     assert_eq!(names, ["e0"]);
     std::fs::remove_dir_all(&dir).ok();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefill_then_decode_runs_on_pods_of_each_role() {
+    let gw = gateway(
+        4,
+        "workflow = \"prefill-decode\"\ndecode_only_below_tokens = 32",
+        "prefill_engines = 2\ntime_scale = 0.2",
+    )
+    .await;
+    let body = chat(&[
+        json!({"role": "system", "content": system_prompt(11, 300)}),
+        json!({"role": "user", "content": "A long question?"}),
+    ]);
+    let prefill_of = |r: &reqwest::Response| {
+        r.headers()
+            .get(router_gateway::PREFILL_POD_HEADER)
+            .map(|v| v.to_str().unwrap().to_owned())
+    };
+    let mut prefill_pods = Vec::new();
+    for stream in [false, true] {
+        let mut b = body.clone();
+        b["stream"] = json!(stream);
+        let r = client()
+            .post(format!("{}/v1/chat/completions", gw.url()))
+            .json(&b)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let prefill = prefill_of(&r).expect("a prefill step ran");
+        let decode = r.headers()[POD_HEADER].to_str().unwrap().to_owned();
+        assert!(["sim-0", "sim-1"].contains(&prefill.as_str()), "{prefill}");
+        assert!(["sim-2", "sim-3"].contains(&decode.as_str()), "{decode}");
+        let text = r.text().await.unwrap();
+        assert!(text.contains(" cache"), "the decode pod generated: {text}");
+        prefill_pods.push(prefill);
+        // Let the prefill's events reach the index before the next request.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        prefill_pods[0], prefill_pods[1],
+        "the second prefill goes where the prompt is cached"
+    );
+    // A short prompt skips the prefill step.
+    let r = client()
+        .post(format!("{}/v1/completions", gw.url()))
+        .json(&json!({"model": MODEL, "prompt": "Hi", "max_tokens": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(prefill_of(&r).is_none());
+    assert!(["sim-2", "sim-3"].contains(&r.headers()[POD_HEADER].to_str().unwrap()));
+    assert_no_load_leaked(&gw).await;
 }
