@@ -11,7 +11,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use futures::StreamExt;
-use router_core::{Namespace, PrefixIndex};
+use router_core::Namespace;
 use router_events::Subscriber;
 use router_exec::{
     BackendError, Chunk, Error as ExecError, Executor, Feedback, RetryPolicy, Shortcut, StepKind,
@@ -19,8 +19,8 @@ use router_exec::{
 };
 use router_hash::{ChainHasher, ModelTokenizer};
 use router_index::{Index, IndexConfig};
-use router_policy::builtin::{BreakerConfig, CircuitBreaker};
-use router_policy::keys::{CACHE_HITS, CHAIN, CacheHits, HASH_KEY, PROMPT_TOKENS, SESSION_ID};
+use router_policy::builtin::{BreakerConfig, CircuitBreaker, PrefixMatchPrepare};
+use router_policy::keys::{CACHE_HITS, CHAIN, HASH_KEY, PROMPT_TOKENS, SESSION_ID};
 use router_policy::{Built, Context, Filter, Fleet, KeyId, Plugin, PodState, Prepare, Registry};
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
@@ -79,41 +79,34 @@ impl std::fmt::Debug for AppState {
     }
 }
 
-/// `prefix-match` with its query timed into the metrics.
+/// router-policy's `prefix-match` with its query timed into the metrics.
 #[derive(Debug)]
 struct MeteredPrefixMatch {
-    index: Arc<Index>,
+    inner: PrefixMatchPrepare,
     metrics: Arc<Metrics>,
 }
 
 impl Plugin for MeteredPrefixMatch {
     fn name(&self) -> &str {
-        "prefix-match"
+        self.inner.name()
     }
     fn needs(&self) -> Vec<KeyId> {
-        vec![CHAIN.id()]
+        self.inner.needs()
     }
     fn produces(&self) -> Vec<KeyId> {
-        vec![CACHE_HITS.id()]
+        self.inner.produces()
     }
 }
 
 impl Prepare for MeteredPrefixMatch {
-    fn prepare(&self, ctx: &mut Context, _: &[PodState]) {
-        let hits = match ctx.get(CHAIN) {
-            Some(chain) => {
-                let t = std::time::Instant::now();
-                let m = self.index.match_prefix(chain);
-                self.metrics
-                    .index_query_seconds
-                    .observe(t.elapsed().as_secs_f64());
-                let hits = CacheHits::from_match(&m);
-                self.metrics.matched_blocks.observe(f64::from(hits.best()));
-                hits
-            }
-            None => CacheHits::default(),
-        };
-        ctx.insert(CACHE_HITS, hits);
+    fn prepare(&self, ctx: &mut Context, pods: &[PodState]) {
+        let t = std::time::Instant::now();
+        self.inner.prepare(ctx, pods);
+        let m = &self.metrics;
+        m.index_query_seconds.observe(t.elapsed().as_secs_f64());
+        if let Some(hits) = ctx.get(CACHE_HITS) {
+            m.matched_blocks.observe(f64::from(hits.best()));
+        }
     }
 }
 
@@ -144,7 +137,7 @@ fn workflow(
     registry.register("prefix-match", move |p, _| {
         p.none()?;
         Ok(Built::Prepare(Box::new(MeteredPrefixMatch {
-            index: index.clone(),
+            inner: PrefixMatchPrepare::new(index.clone()),
             metrics: metrics.clone(),
         })))
     });

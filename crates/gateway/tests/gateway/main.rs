@@ -48,13 +48,22 @@ pub(crate) struct Answer {
     pub body: Value,
 }
 
-pub(crate) async fn post(gw: &Gateway, path: &str, body: &Value) -> Answer {
-    let r = client()
+/// Posts `body` as JSON to `path`.
+pub(crate) async fn send(
+    gw: &Gateway,
+    path: &str,
+    body: &impl serde::Serialize,
+) -> reqwest::Response {
+    client()
         .post(format!("{}{path}", gw.url()))
         .json(body)
         .send()
         .await
-        .unwrap();
+        .unwrap()
+}
+
+pub(crate) async fn post(gw: &Gateway, path: &str, body: &Value) -> Answer {
+    let r = send(gw, path, body).await;
     let status = r.status().as_u16();
     let header = |name: &str| {
         r.headers()

@@ -110,12 +110,7 @@ async fn streaming_delivers_chunks_as_they_come() {
     // Each decode step takes 5 ms x 4 = 20 ms.
     let gw = gateway(2, "", "time_scale = 4.0").await;
     let body = json!({"model": MODEL, "prompt": "Stream me", "stream": true, "max_tokens": 6});
-    let resp = client()
-        .post(format!("{}/v1/completions", gw.url()))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let resp = send(&gw, "/v1/completions", &body).await;
     assert_eq!(resp.status(), 200);
     assert!(
         resp.headers()[reqwest::header::CONTENT_TYPE]
@@ -159,12 +154,8 @@ async fn streaming_delivers_chunks_as_they_come() {
     // Asked for, the usage chunk is passed through before [DONE].
     let mut with_usage = body.clone();
     with_usage["stream_options"] = json!({"include_usage": true});
-    let text = client()
-        .post(format!("{}/v1/completions", gw.url()))
-        .json(&with_usage)
-        .send()
+    let text = send(&gw, "/v1/completions", &with_usage)
         .await
-        .unwrap()
         .text()
         .await
         .unwrap();
@@ -183,12 +174,7 @@ async fn a_client_going_away_cancels_the_engine_request() {
     // 2000 tokens at 5 ms each: ten seconds if it ran to the end.
     let body =
         json!({"model": MODEL, "prompt": "Tell me everything", "stream": true, "max_tokens": 2000});
-    let resp = client()
-        .post(format!("{}/v1/completions", gw.url()))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let resp = send(&gw, "/v1/completions", &body).await;
     let mut stream = resp.bytes_stream();
     let _ = stream.next().await.unwrap().unwrap();
     assert_eq!(gw.engines()[0].active_requests(), 1);
@@ -220,12 +206,7 @@ async fn a_killed_pod_fails_over_and_leaves_the_index() {
     let mut long = chat(&messages);
     long["stream"] = json!(true);
     long["max_tokens"] = json!(400);
-    let resp = client()
-        .post(format!("{}/v1/chat/completions", gw.url()))
-        .json(&long)
-        .send()
-        .await
-        .unwrap();
+    let resp = send(&gw, "/v1/chat/completions", &long).await;
     assert_eq!(resp.headers()[POD_HEADER].to_str().unwrap(), home);
     let mut stream = resp.bytes_stream();
     let _first_chunk = stream.next().await.unwrap().unwrap();
@@ -426,12 +407,7 @@ async fn prefill_then_decode_runs_on_pods_of_each_role() {
     for stream in [false, true] {
         let mut b = body.clone();
         b["stream"] = json!(stream);
-        let r = client()
-            .post(format!("{}/v1/chat/completions", gw.url()))
-            .json(&b)
-            .send()
-            .await
-            .unwrap();
+        let r = send(&gw, "/v1/chat/completions", &b).await;
         assert_eq!(r.status(), 200);
         let prefill = prefill_of(&r).expect("a prefill step ran");
         let decode = r.headers()[POD_HEADER].to_str().unwrap().to_owned();
