@@ -34,6 +34,12 @@ engines = {engines}
     Gateway::start(config).await.expect("gateway starts")
 }
 
+/// The bundled Qwen3 tokenizer.
+pub(crate) fn qwen3() -> std::sync::Arc<router_hash::ModelTokenizer> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/tokenizers/qwen3");
+    std::sync::Arc::new(router_hash::ModelTokenizer::from_dir(dir).unwrap())
+}
+
 pub(crate) fn client() -> reqwest::Client {
     reqwest::Client::builder().no_proxy().build().unwrap()
 }

@@ -267,12 +267,7 @@ async fn pods_join_and_leave_at_run_time() {
     let gw = gateway(2, "", "time_scale = 0.2").await;
     let http = client();
     // An engine the gateway did not start, added by an admin call.
-    let tok = std::sync::Arc::new(
-        router_hash::ModelTokenizer::from_dir(
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/tokenizers/qwen3"),
-        )
-        .unwrap(),
-    );
+    let tok = qwen3();
     let extra =
         SimEngine::start(router_gateway::EngineConfig::new(MODEL, tok).time_scale(0.2)).unwrap();
     let pod = PodConfig::new("extra", extra.url()).with_events(
@@ -336,12 +331,7 @@ async fn pods_join_and_leave_at_run_time() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_applies_the_files_pod_list() {
-    let tok = std::sync::Arc::new(
-        router_hash::ModelTokenizer::from_dir(
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/tokenizers/qwen3"),
-        )
-        .unwrap(),
-    );
+    let tok = qwen3();
     let engines: Vec<SimEngine> = (0..2)
         .map(|_| {
             SimEngine::start(router_gateway::EngineConfig::new(MODEL, tok.clone()).time_scale(0.1))
