@@ -142,7 +142,7 @@ pub struct PodConfig {
     #[serde(default)]
     pub topic: String,
     /// Its role.
-    #[serde(default, with = "role_name")]
+    #[serde(default)]
     pub role: Role,
 }
 
@@ -164,23 +164,6 @@ impl PodConfig {
         self.events = Some(events.into());
         self.replay = replay;
         self
-    }
-}
-
-mod role_name {
-    use router_policy::Role;
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub(super) fn serialize<S: Serializer>(role: &Role, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(match role {
-            Role::Prefill => "prefill",
-            Role::Decode => "decode",
-            Role::Both => "both",
-        })
-    }
-
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Role, D::Error> {
-        Role::deserialize(d)
     }
 }
 
@@ -301,21 +284,19 @@ impl Config {
         if g.max_attempts == 0 || g.tokenize_concurrency == 0 {
             return bad("gateway.max_attempts and tokenize_concurrency must be at least 1".into());
         }
-        if let Some(s) = &self.simulated
-            && s.prefill_engines > s.engines
-        {
-            return bad(format!(
-                "simulated.prefill_engines ({}) is more than simulated.engines ({})",
-                s.prefill_engines, s.engines
-            ));
-        }
-        if let Some(s) = &self.simulated
-            && !(s.time_scale.is_finite() && s.time_scale >= 0.0)
-        {
-            return bad(format!(
-                "simulated.time_scale must be a finite number >= 0, got {}",
-                s.time_scale
-            ));
+        if let Some(s) = &self.simulated {
+            if s.prefill_engines > s.engines {
+                return bad(format!(
+                    "simulated.prefill_engines ({}) is more than simulated.engines ({})",
+                    s.prefill_engines, s.engines
+                ));
+            }
+            if !(s.time_scale.is_finite() && s.time_scale >= 0.0) {
+                return bad(format!(
+                    "simulated.time_scale must be a finite number >= 0, got {}",
+                    s.time_scale
+                ));
+            }
         }
         check_pods(&self.pods)
     }

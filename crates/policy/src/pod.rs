@@ -6,7 +6,7 @@ use parking_lot::RwLock;
 use router_core::PodId;
 
 /// What a pod does in a disaggregated fleet.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
     /// Runs prefill only.
