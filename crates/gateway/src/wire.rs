@@ -47,142 +47,109 @@ pub enum WireEvent {
     Cleared,
 }
 
+/// One field's value.
+enum Field<'a> {
+    Nil,
+    Uint(u64),
+    OptUint(Option<u64>),
+    Uints(&'a [u64]),
+    Tokens(&'a [u32]),
+    Str(&'a str),
+}
+
+/// An event as msgspec sees it: its tag and its fields in declaration
+/// order (vLLM 0.33's `BlockStored`, `BlockRemoved`, `AllBlocksCleared`).
+/// Both encodings write this one list, so they cannot disagree.
+fn fields(e: &WireEvent) -> (&'static str, Vec<(&'static str, Field<'_>)>) {
+    match e {
+        WireEvent::Stored {
+            hashes,
+            parent,
+            tokens,
+            block_size,
+            medium,
+        } => (
+            "BlockStored",
+            vec![
+                ("block_hashes", Field::Uints(hashes)),
+                ("parent_block_hash", Field::OptUint(*parent)),
+                ("token_ids", Field::Tokens(tokens)),
+                ("block_size", Field::Uint(u64::from(*block_size))),
+                ("lora_id", Field::Nil),
+                ("medium", Field::Str(medium)),
+                ("lora_name", Field::Nil),
+                ("extra_keys", Field::Nil),
+                ("group_idx", Field::Nil),
+                ("kv_cache_spec_kind", Field::Nil),
+                ("kv_cache_spec_sliding_window", Field::Nil),
+            ],
+        ),
+        WireEvent::Removed { hashes, medium } => (
+            "BlockRemoved",
+            vec![
+                ("block_hashes", Field::Uints(hashes)),
+                ("medium", Field::Str(medium)),
+                ("group_idx", Field::Nil),
+            ],
+        ),
+        WireEvent::Cleared => ("AllBlocksCleared", Vec::new()),
+    }
+}
+
 // Writing to a `Vec` cannot fail; rmp's `Write`-generic signatures return
-// a `Result` anyway, which these helpers discharge in one place.
-fn arr(out: &mut Vec<u8>, n: u32) {
-    rmp::encode::write_array_len(out, n).expect("Vec write");
-}
-fn map(out: &mut Vec<u8>, n: u32) {
-    rmp::encode::write_map_len(out, n).expect("Vec write");
-}
-fn string(out: &mut Vec<u8>, s: &str) {
-    rmp::encode::write_str(out, s).expect("Vec write");
-}
-fn uint(out: &mut Vec<u8>, v: u64) {
-    rmp::encode::write_uint(out, v).expect("Vec write");
-}
-fn nil(out: &mut Vec<u8>) {
-    rmp::encode::write_nil(out).expect("Vec write");
-}
-fn uints(out: &mut Vec<u8>, vs: impl ExactSizeIterator<Item = u64>) {
-    arr(out, vs.len() as u32);
-    for v in vs {
-        uint(out, v);
-    }
-}
-fn opt_uint(out: &mut Vec<u8>, v: Option<u64>) {
-    match v {
-        Some(v) => uint(out, v),
-        None => nil(out),
-    }
+// a `Result` anyway, which this function discharges in one place.
+fn write(out: &mut Vec<u8>, f: &Field<'_>) {
+    let ok = match f {
+        Field::Nil | Field::OptUint(None) => rmp::encode::write_nil(out).is_ok(),
+        Field::Uint(v) | Field::OptUint(Some(v)) => rmp::encode::write_uint(out, *v).is_ok(),
+        Field::Uints(vs) => {
+            rmp::encode::write_array_len(out, vs.len() as u32).is_ok()
+                && vs.iter().all(|v| rmp::encode::write_uint(out, *v).is_ok())
+        }
+        Field::Tokens(ts) => {
+            rmp::encode::write_array_len(out, ts.len() as u32).is_ok()
+                && ts
+                    .iter()
+                    .all(|t| rmp::encode::write_uint(out, u64::from(*t)).is_ok())
+        }
+        Field::Str(v) => rmp::encode::write_str(out, v).is_ok(),
+    };
+    debug_assert!(ok, "writing to a Vec cannot fail");
 }
 
 /// Encodes one batch.
 pub fn encode_batch(ts: f64, events: &[WireEvent], dp_rank: Option<u32>, enc: Encoding) -> Vec<u8> {
     let mut out = Vec::with_capacity(64 + events.len() * 32);
     // `data_parallel_rank` defaults to None and is omitted when it is.
-    arr(&mut out, if dp_rank.is_some() { 3 } else { 2 });
-    rmp::encode::write_f64(&mut out, ts).expect("Vec write");
-    arr(&mut out, events.len() as u32);
+    let _ = rmp::encode::write_array_len(&mut out, if dp_rank.is_some() { 3 } else { 2 });
+    let _ = rmp::encode::write_f64(&mut out, ts);
+    let _ = rmp::encode::write_array_len(&mut out, events.len() as u32);
     for e in events {
+        let (tag, fields) = fields(e);
+        let n = fields.len() as u32 + 1;
         match enc {
-            Encoding::Map => event_map(&mut out, e),
-            Encoding::Array => event_array(&mut out, e),
+            // `["BlockStored", field, ...]`: every field, in order.
+            Encoding::Array => {
+                let _ = rmp::encode::write_array_len(&mut out, n);
+                write(&mut out, &Field::Str(tag));
+                for (_, f) in &fields {
+                    write(&mut out, f);
+                }
+            }
+            // `{"type": "BlockStored", "field": value, ...}`.
+            Encoding::Map => {
+                let _ = rmp::encode::write_map_len(&mut out, n);
+                write(&mut out, &Field::Str("type"));
+                write(&mut out, &Field::Str(tag));
+                for (k, f) in &fields {
+                    write(&mut out, &Field::Str(k));
+                    write(&mut out, f);
+                }
+            }
         }
     }
     if let Some(r) = dp_rank {
-        uint(&mut out, u64::from(r));
+        write(&mut out, &Field::Uint(u64::from(r)));
     }
     out
-}
-
-fn event_array(out: &mut Vec<u8>, e: &WireEvent) {
-    match e {
-        WireEvent::Stored {
-            hashes,
-            parent,
-            tokens,
-            block_size,
-            medium,
-        } => {
-            // Tag and every field: msgspec writes the defaulted trailing
-            // ones too (lora_name, extra_keys, group_idx, kv_cache_spec_*).
-            arr(out, 12);
-            string(out, "BlockStored");
-            uints(out, hashes.iter().copied());
-            opt_uint(out, *parent);
-            uints(out, tokens.iter().map(|&t| u64::from(t)));
-            uint(out, u64::from(*block_size));
-            nil(out); // lora_id
-            string(out, medium);
-            for _ in 0..5 {
-                nil(out);
-            }
-        }
-        WireEvent::Removed { hashes, medium } => {
-            arr(out, 4);
-            string(out, "BlockRemoved");
-            uints(out, hashes.iter().copied());
-            string(out, medium);
-            nil(out); // group_idx
-        }
-        WireEvent::Cleared => {
-            arr(out, 1);
-            string(out, "AllBlocksCleared");
-        }
-    }
-}
-
-fn event_map(out: &mut Vec<u8>, e: &WireEvent) {
-    match e {
-        WireEvent::Stored {
-            hashes,
-            parent,
-            tokens,
-            block_size,
-            medium,
-        } => {
-            map(out, 12);
-            string(out, "type");
-            string(out, "BlockStored");
-            string(out, "block_hashes");
-            uints(out, hashes.iter().copied());
-            string(out, "parent_block_hash");
-            opt_uint(out, *parent);
-            string(out, "token_ids");
-            uints(out, tokens.iter().map(|&t| u64::from(t)));
-            string(out, "block_size");
-            uint(out, u64::from(*block_size));
-            string(out, "lora_id");
-            nil(out);
-            string(out, "medium");
-            string(out, medium);
-            for k in [
-                "lora_name",
-                "extra_keys",
-                "group_idx",
-                "kv_cache_spec_kind",
-                "kv_cache_spec_sliding_window",
-            ] {
-                string(out, k);
-                nil(out);
-            }
-        }
-        WireEvent::Removed { hashes, medium } => {
-            map(out, 4);
-            string(out, "type");
-            string(out, "BlockRemoved");
-            string(out, "block_hashes");
-            uints(out, hashes.iter().copied());
-            string(out, "medium");
-            string(out, medium);
-            string(out, "group_idx");
-            nil(out);
-        }
-        WireEvent::Cleared => {
-            map(out, 1);
-            string(out, "type");
-            string(out, "AllBlocksCleared");
-        }
-    }
 }
