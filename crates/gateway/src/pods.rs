@@ -114,11 +114,9 @@ impl Pods {
         if let Some(st) = self.subscriber.ingest_stats(id) {
             add_stats(&mut self.retired.lock(), &st);
         }
-        // Stops the stream and shuts the pod down in the index; a pod
-        // without a stream is shut down directly. Shutting down an
-        // already departed pod is refused and harmless.
+        // Stops the stream, if any, and shuts the pod down in the index
+        // (the subscriber's directory), followed or not.
         self.subscriber.remove(id);
-        let _ = self.index.shutdown(id);
         if keep_in_fleet {
             self.fleet.set_health(id, false);
         } else {
@@ -312,5 +310,49 @@ pub(crate) async fn probe_loop(
         for (name, ok) in futures::future::join_all(probes).await {
             pods.probed(&name, ok, unhealthy_after);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use router_index::IndexConfig;
+
+    use super::*;
+
+    fn pods() -> Pods {
+        let index: Arc<Index> = Index::new(IndexConfig::default());
+        let hasher = router_hash::ChainHasher::new(16).unwrap();
+        let subscriber = Subscriber::new(Arc::new(hasher), index.clone(), index.clone(), None, 16);
+        let backend = Arc::new(HttpBackend::new(Duration::from_secs(1)).unwrap());
+        Pods::new(index, subscriber, Arc::new(Fleet::new()), backend)
+    }
+
+    #[test]
+    fn a_pod_failing_its_probes_leaves_and_rejoins_under_a_new_id() {
+        let pods = pods();
+        let first = pods.add(PodConfig::new("a", "http://127.0.0.1:1")).unwrap();
+        let view = |p: &Pods| p.views().remove(0);
+        pods.probed("a", false, 2);
+        assert!(
+            view(&pods).healthy && view(&pods).in_index,
+            "one failure is not enough"
+        );
+        pods.probed("a", false, 2);
+        assert!(
+            !view(&pods).healthy && !view(&pods).in_index,
+            "out of the index"
+        );
+        assert!(
+            !pods.fleet.get(first).unwrap().healthy,
+            "the health filter drops it"
+        );
+        pods.probed("a", true, 2);
+        let back = view(&pods);
+        assert!(back.healthy && back.in_index);
+        let now = pods.ids()[0].1;
+        assert_ne!(now, first, "a new id: nothing of the old record is trusted");
+        assert!(pods.fleet.get(first).is_none() && pods.fleet.get(now).unwrap().healthy);
+        assert!(pods.remove("a") && !pods.remove("a"));
+        assert!(pods.index.pod_key(now).is_none());
     }
 }

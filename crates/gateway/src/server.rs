@@ -60,6 +60,8 @@ struct AppState {
     workflow: Workflow,
     metrics: Arc<Metrics>,
     config_path: Option<PathBuf>,
+    /// The simulated engines' pods, which a reloaded file does not list.
+    simulated: Vec<PodConfig>,
 }
 
 /// A running gateway (and the simulated engines it started, if any).
@@ -218,6 +220,7 @@ impl Gateway {
         let g = config.gateway.clone();
         let tokenizer = Arc::new(ModelTokenizer::from_dir(&g.tokenizer)?);
         let mut engines = Vec::new();
+        let mut simulated = Vec::new();
         if let Some(sim) = &config.simulated {
             for i in 0..sim.engines {
                 let mut ec = EngineConfig::new(g.model.clone(), tokenizer.clone())
@@ -238,6 +241,7 @@ impl Gateway {
                         Role::Decode
                     };
                 }
+                simulated.push(pod.clone());
                 config.pods.push(pod);
                 engines.push(e);
             }
@@ -300,6 +304,7 @@ impl Gateway {
             workflow,
             metrics,
             config_path: config.path.clone(),
+            simulated,
         });
         let listener = tokio::net::TcpListener::bind(g.listen)
             .await
@@ -560,13 +565,7 @@ async fn reload(State(s): State<Arc<AppState>>) -> Response {
     };
     // Simulated engines are not in the file's pod list: keep them.
     let mut wanted = config.pods;
-    wanted.extend(
-        s.pods
-            .views()
-            .into_iter()
-            .filter(|v| v.config.name.starts_with("sim-"))
-            .map(|v| v.config),
-    );
+    wanted.extend(s.simulated.iter().cloned());
     match s.pods.replace_all(wanted) {
         Ok((added, removed)) => {
             axum::Json(json!({"added": added, "removed": removed})).into_response()
