@@ -20,7 +20,7 @@ pub struct Metrics {
     registry: Registry,
     /// Requests answered, by endpoint and status.
     pub requests: IntCounterVec,
-    /// Errors, by kind.
+    /// Failed requests, one count each, by kind.
     pub errors: IntCounterVec,
     /// Time a profile took to choose a pod.
     pub decision_seconds: Histogram,
@@ -262,7 +262,8 @@ impl Observer for Metrics {
     }
 
     fn attempt_failed(&self, _: PodId, _: &ExecError, will_retry: bool) {
-        self.error("attempt_failed");
+        // An attempt is not a request: `errors` counts each failed request
+        // once (by the gateway), `retries` the attempts that went elsewhere.
         if will_retry {
             self.retries.inc();
         }

@@ -820,9 +820,14 @@ async fn route(
                 }
                 Ok(_) => None,
                 Err(e) => {
+                    // One count per failed request, as for the others; the
+                    // kind says it broke after streaming began.
                     let (kind, api) = exec_error(&e);
-                    metrics.error("stream");
-                    metrics.error(kind);
+                    metrics.error(if kind == "timeout" {
+                        "stream_timeout"
+                    } else {
+                        "stream_backend"
+                    });
                     Some(Bytes::from(crate::sse::event(&api.body().to_string())))
                 }
             }

@@ -244,6 +244,17 @@ async fn a_killed_pod_fails_over_and_leaves_the_index() {
     .await;
     let s = scrape(&gw).await;
     assert!(value(&s, "cache_router_retries_total", &[]) >= 1.0);
+    // The cut stream is the one failed request, counted once; the retried
+    // turn succeeded and is not an error.
+    assert_eq!(value(&s, "cache_router_errors_total", &[]), 1.0);
+    assert_eq!(
+        value(
+            &s,
+            "cache_router_errors_total",
+            &[("kind", "stream_backend")]
+        ),
+        1.0
+    );
     assert_eq!(
         value(&s, "cache_router_pod_healthy", &[("pod", &home)]),
         0.0
