@@ -139,10 +139,6 @@ pub struct SimEngine {
 impl SimEngine {
     /// Starts an engine on loopback (HTTP, PUB and ROUTER on free ports).
     pub fn start(config: EngineConfig) -> Result<SimEngine, Error> {
-        let bind_err = |what: &str, e: &dyn std::fmt::Display| Error::Bind {
-            what: what.into(),
-            message: e.to_string(),
-        };
         let listener = std::net::TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
             .map_err(|e| bind_err("127.0.0.1:0", &e))?;
         listener
@@ -228,6 +224,13 @@ impl Drop for SimEngine {
     }
 }
 
+fn bind_err(what: &str, e: &dyn std::fmt::Display) -> Error {
+    Error::Bind {
+        what: what.into(),
+        message: e.to_string(),
+    }
+}
+
 struct Engine {
     cfg: EngineConfig,
     seed: u64,
@@ -246,10 +249,6 @@ async fn run(
     listener: std::net::TcpListener,
     active: Arc<AtomicUsize>,
 ) -> Result<(String, String, Tasks), Error> {
-    let bind_err = |what: &str, e: &dyn std::fmt::Display| Error::Bind {
-        what: what.into(),
-        message: e.to_string(),
-    };
     let listener = tokio::net::TcpListener::from_std(listener).map_err(|e| bind_err("http", &e))?;
     let mut publisher = PubSocket::new();
     let events = publisher
@@ -412,10 +411,12 @@ impl Engine {
     fn block_hashes(&self, tokens: &[u32]) -> Vec<u64> {
         let bs = self.cfg.block_size as usize;
         let mut parent = self.seed;
+        let mut bytes = Vec::with_capacity(bs * 4);
         tokens
             .chunks_exact(bs)
             .map(|block| {
-                let bytes: Vec<u8> = block.iter().flat_map(|t| t.to_le_bytes()).collect();
+                bytes.clear();
+                bytes.extend(block.iter().flat_map(|t| t.to_le_bytes()));
                 parent = xxhash_rust::xxh3::xxh3_64_with_seed(&bytes, parent);
                 parent
             })
@@ -430,7 +431,9 @@ impl Engine {
             return;
         }
         let bs = self.cfg.block_size as usize;
-        let pos: HashMap<u64, usize> = blocks.iter().enumerate().map(|(i, b)| (*b, i)).collect();
+        // Where each of the request's blocks sits in its chain, built only
+        // when something was stored (evictions alone need no tokens).
+        let mut pos: Option<HashMap<u64, usize>> = None;
         let mut out: Vec<WireEvent> = Vec::new();
         for c in changes {
             if !c.stored {
@@ -443,6 +446,8 @@ impl Engine {
                 }
                 continue;
             }
+            let pos = pos
+                .get_or_insert_with(|| blocks.iter().enumerate().map(|(i, b)| (*b, i)).collect());
             let Some(&i) = pos.get(&c.block) else {
                 continue; // not this request's block: never happens for stores
             };
