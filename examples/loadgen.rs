@@ -9,7 +9,11 @@
 //!
 //! Without `--url` it starts the bundled gateway (four simulated engines)
 //! once per profile named in `--profiles`, so the profiles are compared on
-//! the same sessions from the same cold start.
+//! the same sessions from the same cold start. `--replicas 2` puts two
+//! gateways over the same engines and alternates requests between them (as
+//! a round-robin proxy in front of router replicas would). Every row shows
+//! the scenario's ceiling: the cached share if every turn met its whole
+//! history and its system prompt on its pod, with no eviction.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -24,15 +28,31 @@ use serde_json::{Value, json};
 #[derive(Parser, Debug, Clone)]
 #[command(about = "Drive the cache-router gateway with multi-turn chat sessions")]
 struct Args {
-    /// A running gateway; without it, one is started per profile.
+    /// A running gateway (or several, comma-separated, alternated request
+    /// by request); without it, one is started per profile.
     #[arg(long)]
     url: Option<String>,
+    /// Label of the `--url` row.
+    #[arg(long, default_value = "(remote)")]
+    label: String,
     /// Profiles to compare on embedded gateways (comma-separated).
     #[arg(
         long,
-        default_value = "cache-aware,session-affinity,least-requests,round-robin"
+        default_value = "cache-aware,smg-cache-aware,llm-d,dynamo,session-affinity,least-requests,round-robin"
     )]
     profiles: String,
+    /// Embedded gateways per profile, over the same engines, alternated
+    /// request by request.
+    #[arg(long, default_value_t = 1)]
+    replicas: usize,
+    /// Embedded engines' GPU capacity in blocks (default: the bundled
+    /// configuration's).
+    #[arg(long)]
+    gpu_blocks: Option<usize>,
+    /// Embedded engines publish no events: the gateway routes in
+    /// approximate mode.
+    #[arg(long)]
+    no_events: bool,
     /// The model name to send.
     #[arg(long, default_value = "Qwen/Qwen3-0.6B")]
     model: String,
@@ -84,6 +104,10 @@ fn text(seed: u64, words: usize) -> String {
 
 #[derive(Debug, Default)]
 struct Turn {
+    /// When it was sent, from the run's start.
+    sent: Duration,
+    /// The request body (for the ceiling).
+    body: Value,
     ok: bool,
     ttft: Duration,
     prompt_tokens: u64,
@@ -99,7 +123,10 @@ async fn one_turn(
     session: &str,
     body: &Value,
 ) -> (Turn, String) {
-    let mut turn = Turn::default();
+    let mut turn = Turn {
+        body: body.clone(),
+        ..Turn::default()
+    };
     let start = Instant::now();
     let Ok(resp) = client
         .post(format!("{url}/v1/chat/completions"))
@@ -166,7 +193,26 @@ async fn one_turn(
     (turn, reply)
 }
 
-async fn session(args: Arc<Args>, url: Arc<str>, client: reqwest::Client, id: usize) -> Vec<Turn> {
+/// The URLs requests go to, alternated request by request.
+struct Targets {
+    urls: Vec<String>,
+    next: std::sync::atomic::AtomicUsize,
+    start: Instant,
+}
+
+impl Targets {
+    fn next(&self) -> &str {
+        let i = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        &self.urls[i % self.urls.len()]
+    }
+}
+
+async fn session(
+    args: Arc<Args>,
+    targets: Arc<Targets>,
+    client: reqwest::Client,
+    id: usize,
+) -> Vec<Turn> {
     let system = format!(
         "You are support agent {}.{}",
         id % args.system_prompts,
@@ -190,7 +236,10 @@ async fn session(args: Arc<Args>, url: Arc<str>, client: reqwest::Client, id: us
             "model": args.model, "messages": messages, "stream": true,
             "stream_options": {"include_usage": true}, "max_tokens": args.max_tokens,
         });
-        let (turn, reply) = one_turn(&client, &url, &format!("session-{id}"), &body).await;
+        let sent = targets.start.elapsed();
+        let (mut turn, reply) =
+            one_turn(&client, targets.next(), &format!("session-{id}"), &body).await;
+        turn.sent = sent;
         out.push(turn);
         messages.push(json!({"role": "assistant", "content": reply}));
     }
@@ -209,6 +258,38 @@ struct Summary {
     label: String,
     turns: Vec<Turn>,
     wall: Duration,
+    /// The scenario's ceiling (see the module docs).
+    ceiling: f64,
+}
+
+/// The cached share if every turn met, on its pod, every full block any
+/// earlier-sent turn had (its own history and its system prompt), with no
+/// eviction: an infinite pooled cache in send order.
+fn ceiling(turns: &[Turn], tok: &router_hash::ModelTokenizer, block: usize) -> f64 {
+    let mut order: Vec<&Turn> = turns.iter().filter(|t| t.ok).collect();
+    order.sort_by_key(|t| t.sent);
+    let mut seen = std::collections::HashSet::new();
+    let (mut cached, mut total) = (0usize, 0usize);
+    for t in order {
+        let Ok(ids) = router_gateway::prompt_tokens(router_gateway::Api::Chat, &t.body, tok) else {
+            continue;
+        };
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        let mut prefix = true;
+        for chunk in ids.chunks_exact(block.max(1)) {
+            for id in chunk {
+                h = (h ^ u64::from(*id)).wrapping_mul(0x100_0000_01b3);
+            }
+            if prefix && seen.contains(&h) {
+                cached += block;
+            } else {
+                prefix = false;
+            }
+            seen.insert(h);
+        }
+        total += ids.len();
+    }
+    cached as f64 / total.max(1) as f64
 }
 
 impl Summary {
@@ -232,7 +313,7 @@ impl Summary {
         let busiest = pods.values().max().copied().unwrap_or(0) as f64;
         let mean = ok.len() as f64 / pods.len().max(1) as f64;
         format!(
-            "{:<17} {:>5} {:>4} {:>8.1} {:>8.1} {:>8.1} {:>7.1} {:>7.0} {:>7.1}% {:>7.1}% {:>6.1}% {:>6.2}",
+            "{:<17} {:>5} {:>4} {:>8.1} {:>8.1} {:>8.1} {:>7.1} {:>7.0} {:>7.1}% {:>7.1}% {:>7.1}% {:>6.1}% {:>6.2}",
             self.label,
             ok.len(),
             self.turns.len() - ok.len(),
@@ -242,6 +323,7 @@ impl Summary {
             ok.len() as f64 / self.wall.as_secs_f64(),
             output as f64 / self.wall.as_secs_f64(),
             100.0 * cached as f64 / prompt.max(1) as f64,
+            100.0 * self.ceiling,
             100.0 * predicted as f64 / prompt.max(1) as f64,
             100.0 * exact as f64 / ok.len().max(1) as f64,
             busiest / mean.max(1e-9),
@@ -249,23 +331,36 @@ impl Summary {
     }
 }
 
-async fn drive(args: Arc<Args>, url: &str, label: &str) -> Summary {
+async fn drive(
+    args: Arc<Args>,
+    urls: &[String],
+    label: &str,
+    tok: &router_hash::ModelTokenizer,
+) -> Summary {
     let client = reqwest::Client::builder()
         .no_proxy()
         .build()
         .expect("client");
-    let url: Arc<str> = Arc::from(url.trim_end_matches('/'));
-    let start = Instant::now();
+    let targets = Arc::new(Targets {
+        urls: urls
+            .iter()
+            .map(|u| u.trim_end_matches('/').to_owned())
+            .collect(),
+        next: Default::default(),
+        start: Instant::now(),
+    });
     let turns: Vec<Turn> = futures::stream::iter(0..args.sessions)
-        .map(|id| session(args.clone(), url.clone(), client.clone(), id))
+        .map(|id| session(args.clone(), targets.clone(), client.clone(), id))
         .buffer_unordered(args.concurrency.max(1))
         .flat_map(futures::stream::iter)
         .collect()
         .await;
+    let wall = targets.start.elapsed();
     Summary {
         label: label.to_owned(),
+        ceiling: ceiling(&turns, tok, 16),
         turns,
-        wall: start.elapsed(),
+        wall,
     }
 }
 
@@ -283,7 +378,7 @@ async fn main() {
         args.max_tokens
     );
     println!(
-        "{:<17} {:>5} {:>4} {:>8} {:>8} {:>8} {:>7} {:>7} {:>8} {:>8} {:>7} {:>6}",
+        "{:<17} {:>5} {:>4} {:>8} {:>8} {:>8} {:>7} {:>7} {:>8} {:>8} {:>8} {:>7} {:>6}",
         "profile",
         "ok",
         "err",
@@ -293,13 +388,30 @@ async fn main() {
         "req/s",
         "tok/s",
         "cached",
+        "ceiling",
         "predict",
         "exact",
         "max/µ"
     );
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/gateway");
+    let base = match Config::parse(DEFAULT_CONFIG, &dir) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("loadgen: {e}");
+            std::process::exit(2);
+        }
+    };
+    let tok = match router_hash::ModelTokenizer::from_dir(&base.gateway.tokenizer) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("loadgen: tokenizer: {e}");
+            std::process::exit(2);
+        }
+    };
     let mut failed = 0;
     if let Some(url) = &args.url {
-        let s = drive(args.clone(), url, "(remote)").await;
+        let urls: Vec<String> = url.split(',').map(|u| u.trim().to_owned()).collect();
+        let s = drive(args.clone(), &urls, &args.label, &tok).await;
         println!("{}", s.row());
         failed += s.failed();
     }
@@ -309,35 +421,47 @@ async fn main() {
         args.profiles.as_str()
     };
     for profile in profiles.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let mut config = match Config::parse(
-            DEFAULT_CONFIG,
-            &Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/gateway"),
-        ) {
-            Ok(c) => c,
-            Err(e) => {
-                eprintln!("loadgen: {e}");
-                std::process::exit(2);
-            }
-        };
+        let mut config = base.clone();
         config.gateway.listen = ([127, 0, 0, 1], 0).into();
         config.gateway.profile = profile.to_owned();
         if let Some(sim) = config.simulated.as_mut() {
             sim.time_scale = args.time_scale;
+            if let Some(blocks) = args.gpu_blocks {
+                sim.gpu_blocks = blocks;
+            }
+            sim.events = !args.no_events;
         }
-        let gateway = match Gateway::start(config).await {
-            Ok(g) => g,
+        let mut gateways = Vec::new();
+        match Gateway::start(config.clone()).await {
+            Ok(g) => gateways.push(g),
             Err(e) => {
                 eprintln!("loadgen: profile {profile}: {e}");
                 std::process::exit(1);
             }
-        };
-        let s = drive(args.clone(), &gateway.url(), profile).await;
+        }
+        // Further replicas route to the first one's engines.
+        let pods = gateways[0].engine_pods();
+        for _ in 1..args.replicas.max(1) {
+            let mut c = config.clone();
+            c.simulated = None;
+            c.pods = pods.clone();
+            match Gateway::start(c).await {
+                Ok(g) => gateways.push(g),
+                Err(e) => {
+                    eprintln!("loadgen: profile {profile} replica: {e}");
+                    std::process::exit(1);
+                }
+            }
+        }
+        let urls: Vec<String> = gateways.iter().map(Gateway::url).collect();
+        let s = drive(args.clone(), &urls, profile, &tok).await;
         println!("{}", s.row());
         failed += s.failed();
-        drop(gateway);
+        drop(gateways);
     }
     println!(
-        "cached: prompt tokens the engines served from cache; predict: what the router's index \
+        "cached: prompt tokens the engines served from cache; ceiling: the cached share if every \
+         turn met its whole history and system prompt on its pod; predict: what the router \
          said the chosen pod held; exact: turns where the two agree; max/µ: busiest pod's share \
          over the mean"
     );

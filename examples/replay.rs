@@ -40,7 +40,7 @@ struct Args {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "round-robin,least-requests,consistent-hash,session-affinity,cache-aware"
+        default_value = "round-robin,least-requests,consistent-hash,session-affinity,dynamo,smg-cache-aware,llm-d,cache-aware-approx,cache-aware"
     )]
     policies: Vec<String>,
     /// Also compare every profile of this TOML config file.
@@ -187,9 +187,21 @@ fn run(args: &Args) -> Result<(), String> {
     Ok(())
 }
 
+/// The busiest pod's share of the requests over the mean share, and
+/// whether one pod took more than half of them (a collapsed policy).
+fn request_spread(r: &Report) -> (f64, bool) {
+    let total: usize = r.requests_per_pod.iter().sum();
+    let max = r.requests_per_pod.iter().copied().max().unwrap_or(0);
+    let mean = total as f64 / r.requests_per_pod.len().max(1) as f64;
+    (
+        max as f64 / mean.max(1e-9),
+        2 * max > total && r.requests_per_pod.len() > 1,
+    )
+}
+
 fn print_table(reports: &[Report]) {
     println!(
-        "\n{:<18} {:>7} {:>7} {:>7} {:>9} {:>9} {:>9} {:>9} {:>8} {:>6} {:>9}",
+        "\n{:<18} {:>7} {:>7} {:>7} {:>9} {:>9} {:>9} {:>9} {:>8} {:>6} {:>8} {:>6} {:>9}",
         "policy",
         "hit blk",
         "hit tok",
@@ -200,15 +212,22 @@ fn print_table(reports: &[Report]) {
         "E2E p50",
         "busiest",
         "cv",
+        "requests",
+        "util",
         "decide"
     );
     println!(
-        "{:<18} {:>7} {:>7} {:>7} {:>9} {:>9} {:>9} {:>9} {:>8} {:>6} {:>9}",
-        "", "%", "%", "%", "ms", "ms", "ms", "ms", "x mean", "", "us"
+        "{:<18} {:>7} {:>7} {:>7} {:>9} {:>9} {:>9} {:>9} {:>8} {:>6} {:>8} {:>6} {:>9}",
+        "", "%", "%", "%", "ms", "ms", "ms", "ms", "x mean", "busy", "max/mean", "%", "us"
     );
+    let mut collapsed = Vec::new();
     for r in reports {
+        let (spread, flag) = request_spread(r);
+        if flag {
+            collapsed.push(r.policy.as_str());
+        }
         println!(
-            "{:<18} {:>7.1} {:>7.1} {:>7.1} {:>9.0} {:>9.0} {:>9.0} {:>9.0} {:>8.2} {:>6.2} {:>5.0} {:>9.2}",
+            "{:<18} {:>7.1} {:>7.1} {:>7.1} {:>9.0} {:>9.0} {:>9.0} {:>9.0} {:>8.2} {:>6.2} {:>7.2}{} {:>6.0} {:>9.2}",
             r.policy,
             r.block_hit_rate * 100.0,
             r.token_hit_rate * 100.0,
@@ -219,8 +238,16 @@ fn print_table(reports: &[Report]) {
             r.e2e_p50_ms,
             r.busiest_over_mean,
             r.busy_cv,
+            spread,
+            if flag { "!" } else { " " },
             r.utilisation * 100.0,
             r.decision_us_mean
+        );
+    }
+    if !collapsed.is_empty() {
+        println!(
+            "! one pod took more than half of the requests: {}",
+            collapsed.join(", ")
         );
     }
 }

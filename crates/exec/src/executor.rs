@@ -63,6 +63,8 @@ struct InFlight {
     breaker: Option<Arc<CircuitBreaker>>,
     pod: PodId,
     prefill_left: u64,
+    /// Whether the first token is still to come.
+    prefilling: bool,
     kv_blocks: u64,
     started: Instant,
     /// `None`: cancelled by the caller or rejected as invalid, which says
@@ -78,6 +80,7 @@ impl InFlight {
             breaker: exec.breaker.clone(),
             pod,
             prefill_left: prefill,
+            prefilling: true,
             kv_blocks,
             started: Instant::now(),
             outcome: None,
@@ -85,14 +88,19 @@ impl InFlight {
     }
 
     fn first_token(&mut self) {
-        self.fleet.first_token(self.pod, self.prefill_left);
-        self.prefill_left = 0;
+        if self.prefilling {
+            self.fleet.first_token(self.pod, self.prefill_left);
+            self.prefill_left = 0;
+            self.prefilling = false;
+        }
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
         let latency = self.started.elapsed();
+        // An attempt that ends before its first token ends its prefill too.
+        self.first_token();
         self.fleet.request_finished(
             self.pod,
             self.prefill_left,

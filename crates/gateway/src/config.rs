@@ -109,6 +109,14 @@ pub struct GatewayConfig {
     /// Failed probes in a row before a pod is taken out.
     #[serde(default = "default_unhealthy_after")]
     pub unhealthy_after: u32,
+    /// Approximate mode, for pods without `events`: how long a chain routed
+    /// to such a pod counts as cached there, in ms.
+    #[serde(default = "default_approx_ttl")]
+    pub approx_ttl_ms: u64,
+    /// Approximate mode: blocks remembered per pod without `events` (about
+    /// its engine's KV capacity); the least recently routed leave first.
+    #[serde(default = "default_approx_capacity")]
+    pub approx_capacity_blocks: usize,
 }
 
 /// How a request is run.
@@ -191,6 +199,10 @@ pub struct SimulatedConfig {
     /// `max_tokens` when a request gives none.
     #[serde(default = "default_max_tokens")]
     pub default_max_tokens: u32,
+    /// Whether the gateway follows their KV events (false: they are routed
+    /// in approximate mode, as engines without events are).
+    #[serde(default = "yes")]
+    pub events: bool,
 }
 
 fn default_listen() -> SocketAddr {
@@ -228,6 +240,15 @@ fn default_health_interval() -> u64 {
 }
 fn default_unhealthy_after() -> u32 {
     2
+}
+fn default_approx_ttl() -> u64 {
+    300_000
+}
+fn default_approx_capacity() -> usize {
+    32_768
+}
+fn yes() -> bool {
+    true
 }
 fn one() -> f64 {
     1.0

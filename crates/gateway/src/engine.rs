@@ -286,6 +286,11 @@ async fn run(
         .with_state(engine.clone());
     let tasks = vec![
         tokio::spawn(async move {
+            // Small SSE chunks must not wait for Nagle's algorithm (about 40 ms
+            // on a kept-alive connection).
+            let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
             let _ = axum::serve(listener, app).await;
         }),
         tokio::spawn(publish(

@@ -16,6 +16,7 @@ use parking_lot::Mutex;
 use router_core::{PodDirectory, PodId, PodKey};
 use router_events::{IngestStats, PodStream, Subscriber};
 use router_index::Index;
+use router_policy::builtin::{Memory, RoutedChains};
 use router_policy::{Fleet, PodState, PodStateSink};
 use serde::Serialize;
 
@@ -53,6 +54,11 @@ pub(crate) struct Pods {
     pub(crate) subscriber: Subscriber,
     pub(crate) fleet: Arc<Fleet>,
     pub(crate) backend: Arc<HttpBackend>,
+    /// What the gateway routed where: speculative registrations, and the
+    /// approximate record of pods without events.
+    routed: Arc<RoutedChains>,
+    /// How pods without events remember what was routed to them.
+    approx: Memory,
     entries: Mutex<BTreeMap<String, Entry>>,
     /// Ingestion counts of pods no longer followed, so totals never shrink.
     retired: Mutex<IngestStats>,
@@ -82,8 +88,12 @@ impl Pods {
         subscriber: Subscriber,
         fleet: Arc<Fleet>,
         backend: Arc<HttpBackend>,
+        routed: Arc<RoutedChains>,
+        approx: Memory,
     ) -> Self {
         Pods {
+            routed,
+            approx,
             index,
             subscriber,
             fleet,
@@ -98,6 +108,10 @@ impl Pods {
         let id = self.index.join(&key_of(c))?;
         self.fleet.upsert(PodState::new(id, c.role));
         self.backend.set(id, &c.url);
+        if c.events.is_none() {
+            // Approximate mode: what was routed there stands for its cache.
+            self.routed.set_memory(id, self.approx);
+        }
         if let Some(ep) = &c.events {
             let mut s = PodStream::new(id, ep.clone()).topic(c.topic.clone());
             if let Some(r) = &c.replay {
@@ -117,6 +131,7 @@ impl Pods {
         // Stops the stream, if any, and shuts the pod down in the index
         // (the subscriber's directory), followed or not.
         self.subscriber.remove(id);
+        self.routed.remove_pod(id);
         if keep_in_fleet {
             self.fleet.set_health(id, false);
         } else {
@@ -324,7 +339,14 @@ mod tests {
         let hasher = router_hash::ChainHasher::new(16).unwrap();
         let subscriber = Subscriber::new(Arc::new(hasher), index.clone(), index.clone(), None, 16);
         let backend = Arc::new(HttpBackend::new(Duration::from_secs(1)).unwrap());
-        Pods::new(index, subscriber, Arc::new(Fleet::new()), backend)
+        Pods::new(
+            index,
+            subscriber,
+            Arc::new(Fleet::new()),
+            backend,
+            Arc::new(RoutedChains::new(Memory::SPECULATIVE)),
+            Memory::SPECULATIVE,
+        )
     }
 
     #[test]

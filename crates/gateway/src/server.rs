@@ -19,7 +19,9 @@ use router_exec::{
 };
 use router_hash::{ChainHasher, ModelTokenizer};
 use router_index::{Index, IndexConfig};
-use router_policy::builtin::{BreakerConfig, CircuitBreaker, PrefixMatchPrepare};
+use router_policy::builtin::{
+    BreakerConfig, CircuitBreaker, Memory, PrefixMatchPrepare, RoutedChains,
+};
 use router_policy::keys::{CACHE_HITS, CHAIN, HASH_KEY, PROMPT_TOKENS, SESSION_ID};
 use router_policy::{Built, Context, Filter, Fleet, KeyId, Plugin, PodState, Prepare, Registry};
 use serde_json::{Value, json};
@@ -134,8 +136,11 @@ fn workflow(
     index: Arc<Index>,
     metrics: Arc<Metrics>,
     breaker_slot: Arc<OnceLock<Arc<CircuitBreaker>>>,
+    routed: Arc<RoutedChains>,
 ) -> Result<Workflow, Error> {
-    let mut registry = Registry::with_builtins().with_index(index.clone());
+    let mut registry = Registry::with_builtins()
+        .with_index(index.clone())
+        .with_routed(routed);
     registry.register("prefix-match", move |p, _| {
         p.none()?;
         Ok(Built::Prepare(Box::new(MeteredPrefixMatch {
@@ -190,27 +195,25 @@ fn workflow(
 /// prefill and a decode profile for disaggregated serving (the prefill pod
 /// chosen for its cache, the decode pod for its load).
 fn default_profiles(block_size: u32) -> String {
-    format!(
-        r#"[profiles.cache-aware]
-inputs = ["chain", "prompt_tokens"]
-prepare = [{{ type = "prefix-match" }}]
-filters = [{{ type = "health" }}, {{ type = "circuit-breaker" }}]
-scorers = [{{ type = "cache-aware-cost", weight = 1.0, overlap_weight = {w}, block_size = {block_size} }}]
-picker = {{ type = "max-score" }}
-
+    let mut text = router_policy::default_profiles_toml(u64::from(block_size)).replace(
+        r#"filters = [{ type = "health" }]"#,
+        r#"filters = [{ type = "health" }, { type = "circuit-breaker" }]"#,
+    );
+    text.push_str(&format!(
+        r#"
 [profiles.prefill]
 inputs = ["chain", "prompt_tokens"]
-prepare = [{{ type = "prefix-match" }}]
+prepare = [{{ type = "prefix-match" }}, {{ type = "speculative" }}]
 filters = [{{ type = "health" }}, {{ type = "circuit-breaker" }}, {{ type = "role", role = "prefill" }}]
-scorers = [{{ type = "cache-aware-cost", weight = 1.0, overlap_weight = {w}, block_size = {block_size} }}]
+scorers = [{{ type = "predicted-ttft", weight = 1.0, block_size = {block_size} }}]
 picker = {{ type = "max-score" }}
 
 [profiles.decode]
 filters = [{{ type = "health" }}, {{ type = "circuit-breaker" }}, {{ type = "role", role = "decode" }}]
 picker = {{ type = "least-requests" }}
-"#,
-        w = router_policy::DEFAULT_OVERLAP_WEIGHT
-    )
+"#
+    ));
+    text
 }
 
 impl Gateway {
@@ -231,8 +234,11 @@ impl Gateway {
                     .default_max_tokens(sim.default_max_tokens);
                 ec.topic = "kv-events".into();
                 let e = SimEngine::start(ec)?;
-                let mut pod = PodConfig::new(format!("sim-{i}"), e.url())
-                    .with_events(e.events_endpoint(), Some(e.replay_endpoint().to_owned()));
+                let mut pod = PodConfig::new(format!("sim-{i}"), e.url());
+                if sim.events {
+                    pod =
+                        pod.with_events(e.events_endpoint(), Some(e.replay_endpoint().to_owned()));
+                }
                 pod.topic = "kv-events".into();
                 if sim.prefill_engines > 0 {
                     pod.role = if i < sim.prefill_engines {
@@ -252,11 +258,13 @@ impl Gateway {
         let index: Arc<Index> = Index::new(IndexConfig::default());
         let hasher = ChainHasher::new(g.block_size as usize)?;
         let breaker_slot = Arc::new(OnceLock::new());
+        let routed = Arc::new(RoutedChains::new(Memory::SPECULATIVE));
         let workflow = workflow(
             &config,
             index.clone(),
             metrics.clone(),
             breaker_slot.clone(),
+            routed.clone(),
         )?;
         let breaker = breaker_slot
             .get()
@@ -278,7 +286,15 @@ impl Gateway {
                 }
             })?,
         );
-        let pods = Arc::new(Pods::new(index, subscriber, fleet.clone(), backend.clone()));
+        let approx = Memory::new(g.approx_ttl_ms, g.approx_capacity_blocks);
+        let pods = Arc::new(Pods::new(
+            index,
+            subscriber,
+            fleet.clone(),
+            backend.clone(),
+            routed,
+            approx,
+        ));
         for p in config.pods.clone() {
             pods.add(p)?;
         }
@@ -327,6 +343,11 @@ impl Gateway {
                 })?;
         let tasks = vec![
             tokio::spawn(async move {
+                // Small SSE chunks must not wait for Nagle's algorithm (about 40 ms
+                // on a kept-alive connection).
+                let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+                    let _ = tcp.set_nodelay(true);
+                });
                 let _ = axum::serve(listener, app).await;
             }),
             tokio::spawn(probe_loop(
@@ -347,6 +368,12 @@ impl Gateway {
             engines,
             tasks,
         })
+    }
+
+    /// The pods of the simulated engines this gateway started, as another
+    /// gateway (a replica over the same engines) would list them.
+    pub fn engine_pods(&self) -> Vec<PodConfig> {
+        self.state.simulated.clone()
     }
 
     /// The address served.

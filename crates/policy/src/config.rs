@@ -30,8 +30,12 @@ use crate::builtin::{
     PrefixCacheScorer, PrefixMatchPrepare, RandomPick, RoleFilter, RoundRobin, SessionAffinity,
     TierAwareScorer, TierWeights, WeightedRandom,
 };
+use crate::builtin::{
+    KvUtilization, Memory, PrecisePrefix, PredictedTtft, QueueScorer, RoutedChains, SmgCacheAware,
+    SmgConfig, Speculative, TtftModel,
+};
 use crate::context::{Context, Key, KeyId};
-use crate::keys::{CACHE_HITS, CHAIN, HASH_KEY, PROMPT_TOKENS, SESSION_ID};
+use crate::keys::{CACHE_HITS, CHAIN, HASH_KEY, NOW_MS, PROMPT_TOKENS, SESSION_ID};
 use crate::plugin::{Filter, Picker, Plugin, Prepare, Scorer};
 use crate::pod::{PodState, Role};
 use crate::profile::Profile;
@@ -77,12 +81,16 @@ impl Params {
 pub struct Env {
     /// The index, for plugins that query it.
     pub index: Option<Arc<dyn PrefixIndex>>,
+    /// The routed-chains table `speculative` plugins share (each gets its
+    /// own without it).
+    pub routed: Option<Arc<RoutedChains>>,
 }
 
 impl fmt::Debug for Env {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Env")
             .field("index", &self.index.is_some())
+            .field("routed", &self.routed.is_some())
             .finish()
     }
 }
@@ -166,6 +174,22 @@ impl Default for CostParams {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, default)]
+struct SpeculativeParams {
+    ttl_ms: u64,
+    capacity_blocks: usize,
+}
+
+impl Default for SpeculativeParams {
+    fn default() -> Self {
+        SpeculativeParams {
+            ttl_ms: Memory::SPECULATIVE.ttl_ms,
+            capacity_blocks: Memory::SPECULATIVE.capacity_blocks,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, default)]
 struct HashParams {
     load_factor: f64,
 }
@@ -207,6 +231,7 @@ impl Registry {
         r.register_key(SESSION_ID);
         r.register_key(HASH_KEY);
         r.register_key(CACHE_HITS);
+        r.register_key(NOW_MS);
         r.register("prefix-match", |p, env| {
             p.none()?;
             Ok(Built::Prepare(Box::new(PrefixMatchPrepare::new(
@@ -263,6 +288,61 @@ impl Registry {
                 c.block_size,
             ))))
         });
+        r.register("predicted-ttft", |p, env| {
+            let m: TtftModel = p.parse()?;
+            if m.block_size == 0 || m.step_tokens == 0 {
+                return Err("`block_size` and `step_tokens` must be positive".into());
+            }
+            let finite = [
+                m.step_ms,
+                m.token_us,
+                m.attention_ns,
+                m.kv_read_ns,
+                m.cpu_load_us,
+                m.compute_weight,
+            ];
+            if finite.iter().any(|x| !x.is_finite() || *x < 0.0) {
+                return Err("timing constants and `compute_weight` must be finite and >= 0".into());
+            }
+            Ok(Built::Scorer(Box::new(PredictedTtft::new(
+                m,
+                env.index.clone(),
+            ))))
+        });
+        r.register("speculative", |p, env| {
+            let s: SpeculativeParams = p.parse()?;
+            if s.ttl_ms == 0 || s.capacity_blocks == 0 {
+                return Err("`ttl_ms` and `capacity_blocks` must be positive".into());
+            }
+            let memory = Memory::new(s.ttl_ms, s.capacity_blocks);
+            let table = match &env.routed {
+                Some(t) => {
+                    t.set_default(memory);
+                    t.clone()
+                }
+                None => Arc::new(RoutedChains::new(memory)),
+            };
+            Ok(Built::Prepare(Box::new(Speculative::new(table))))
+        });
+        r.register("smg-cache-aware", |p, _| {
+            let c: SmgConfig = p.parse()?;
+            if !(0.0..=1.0).contains(&c.cache_threshold) || c.balance_rel_threshold.is_nan() {
+                return Err("`cache_threshold` must be in 0..=1".into());
+            }
+            Ok(Built::Picker(Box::new(SmgCacheAware::new(c))))
+        });
+        r.register("queue", |p, _| {
+            p.none()?;
+            Ok(Built::Scorer(Box::new(QueueScorer)))
+        });
+        r.register("kv-utilization", |p, _| {
+            p.none()?;
+            Ok(Built::Scorer(Box::new(KvUtilization)))
+        });
+        r.register("precise-prefix", |p, _| {
+            p.none()?;
+            Ok(Built::Scorer(Box::new(PrecisePrefix)))
+        });
         r.register("max-score", |p, _| {
             p.none()?;
             Ok(Built::Picker(Box::new(MaxScore::default())))
@@ -292,6 +372,13 @@ impl Registry {
             Ok(Built::Picker(Box::new(ConsistentHash::new(h.load_factor))))
         });
         r
+    }
+
+    /// Every `speculative` plugin built by this registry shares `table`
+    /// (one per gateway, so all profiles and steps see every routing).
+    pub fn with_routed(mut self, table: Arc<RoutedChains>) -> Self {
+        self.env.routed = Some(table);
+        self
     }
 
     /// Plugins that query the index (`prefix-match`, `tier-aware`) use `index`.

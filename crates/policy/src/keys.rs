@@ -13,6 +13,11 @@ pub const SESSION_ID: Key<String> = Key::new("session_id");
 /// A key for consistent hashing, such as a hash of the user or the prefix
 /// (an input).
 pub const HASH_KEY: Key<u64> = Key::new("hash_key");
+/// The request's arrival time in milliseconds on the caller's clock (an
+/// optional input): plugins with memory (speculative registrations, the
+/// approximate tree) read time from it, so a simulator can replay a trace
+/// faster than real time. Without it they use a monotonic wall clock.
+pub const NOW_MS: Key<u64> = Key::new("now_ms");
 /// The index's answer for the request's chain, produced by the
 /// `prefix-match` prepare plugin (or set by a caller that queried already).
 pub const CACHE_HITS: Key<CacheHits> = Key::new("cache_hits");
@@ -38,6 +43,31 @@ impl CacheHits {
             best: m.best().map_or(0, |b| b.blocks),
             by_slot,
         }
+    }
+
+    /// No pod holds anything of a chain of `chain_len` blocks.
+    pub fn empty(chain_len: usize) -> Self {
+        CacheHits {
+            chain_len,
+            ..CacheHits::default()
+        }
+    }
+
+    /// Raises `pod`'s matched blocks to at least `blocks` (capped at the
+    /// chain's length): what another source, such as the router's own
+    /// routing, says the pod holds.
+    pub fn raise(&mut self, pod: PodId, blocks: u32) {
+        let blocks = blocks.min(self.chain_len.min(u32::MAX as usize) as u32);
+        let slot = pod.slot() as usize;
+        if self.by_slot.len() <= slot {
+            self.by_slot.resize(slot + 1, (u32::MAX, 0));
+        }
+        let entry = &mut self.by_slot[slot];
+        if entry.0 != pod.epoch() {
+            *entry = (pod.epoch(), 0);
+        }
+        entry.1 = entry.1.max(blocks);
+        self.best = self.best.max(entry.1);
     }
 
     /// Blocks of the chain `pod` holds (0 if none).

@@ -67,26 +67,40 @@ pub use plugin::{
 pub use pod::{Fleet, Outcome, PodState, PodStateSink, Role};
 pub use profile::{Decision, Profile, ProfileBuilder};
 
-/// The weight of prefill work against decode load in the default profile:
-/// Dynamo's default, 1. Higher weights keep more cache hits on the bundled
-/// Mooncake trace (8: 94.6% of the pooled-cache hit rate against 82%) but
-/// let a hot prefix pin traffic: at 2 the hot-prefix test already puts all
-/// requests on 4 of 8 pods (see `docs/BENCHMARKS.md`).
-pub const DEFAULT_OVERLAP_WEIGHT: f64 = 1.0;
-
-/// The default cache-aware profile: query the index once, drop unhealthy
-/// pods, score by [`builtin::CacheAwareCost`] (Dynamo's cost: prefill blocks
-/// left after the cache credit plus decode load), pick the lowest cost with
-/// fair tie-breaking. The caller sets [`keys::CHAIN`] and
-/// [`keys::PROMPT_TOKENS`].
+/// The default cache-aware profile: query the index once, count what the
+/// router itself routed in the last 2 s as cached too (speculative
+/// registration), drop unhealthy pods, and pick the pod with the lowest
+/// predicted time to first token plus the prefill work it adds
+/// ([`builtin::PredictedTtft`]), ties broken fairly. The caller sets
+/// [`keys::CHAIN`] and [`keys::PROMPT_TOKENS`] (and [`keys::NOW_MS`] when
+/// it runs on a clock of its own).
+///
+/// `docs/ARCHITECTURE.md` says why this formula and not Dynamo's cost
+/// ([`peer_profile`]`("dynamo")`), which it replaced.
 pub fn default_profile(index: Arc<dyn router_core::PrefixIndex>, block_size: u64) -> Profile {
+    let table = Arc::new(builtin::RoutedChains::new(builtin::Memory::SPECULATIVE));
+    default_profile_with(index, block_size, table)
+}
+
+/// [`default_profile`] registering into a given table (share one between a
+/// gateway's profiles, or give pods without events a long memory in it:
+/// the approximate mode).
+pub fn default_profile_with(
+    index: Arc<dyn router_core::PrefixIndex>,
+    block_size: u64,
+    routed: Arc<builtin::RoutedChains>,
+) -> Profile {
     Profile::builder("cache-aware")
         .input(keys::CHAIN.id())
         .input(keys::PROMPT_TOKENS.id())
-        .prepare(builtin::PrefixMatchPrepare::new(index))
+        .prepare(builtin::PrefixMatchPrepare::new(index.clone()))
+        .prepare(builtin::Speculative::new(routed))
         .filter(builtin::HealthFilter)
         .scorer(
-            builtin::CacheAwareCost::new(DEFAULT_OVERLAP_WEIGHT, block_size),
+            builtin::PredictedTtft::new(
+                builtin::TtftModel::with_block_size(block_size),
+                Some(index),
+            ),
             1.0,
         )
         .picker(builtin::MaxScore::default())
@@ -94,11 +108,90 @@ pub fn default_profile(index: Arc<dyn router_core::PrefixIndex>, block_size: u64
         .expect("the default profile is valid") // checked by a unit test
 }
 
-/// [`default_profile`] as a config file, for operators to start from.
+/// Names accepted by [`peer_profile`].
+pub const PEER_PROFILES: [&str; 3] = ["dynamo", "smg-cache-aware", "llm-d"];
+
+/// A peer router's decision as a profile, from its published formula and
+/// defaults:
+///
+/// - `dynamo`: Dynamo's KV-router cost ([`builtin::CacheAwareCost`],
+///   overlap weight 1, temperature 0) over the exact index.
+/// - `smg-cache-aware`: SMG's `cache_aware` ([`builtin::SmgCacheAware`]),
+///   an approximate tree of what it routed; it reads no index.
+/// - `llm-d`: llm-d's precise-prefix-cache scorer 3, KV-cache utilisation 2
+///   and queue 2 (its well-lit-path weights), max score.
+pub fn peer_profile(
+    name: &str,
+    index: Arc<dyn router_core::PrefixIndex>,
+    block_size: u64,
+) -> Option<Profile> {
+    let b = Profile::builder(name)
+        .input(keys::CHAIN.id())
+        .input(keys::PROMPT_TOKENS.id());
+    let b = match name {
+        "dynamo" => b
+            .prepare(builtin::PrefixMatchPrepare::new(index))
+            .filter(builtin::HealthFilter)
+            .scorer(builtin::CacheAwareCost::new(1.0, block_size), 1.0)
+            .picker(builtin::MaxScore::default()),
+        // It queries the index only so callers can report what its choice
+        // had cached; the tree alone decides.
+        "smg-cache-aware" => b
+            .prepare(builtin::PrefixMatchPrepare::new(index))
+            .filter(builtin::HealthFilter)
+            .picker(builtin::SmgCacheAware::new(builtin::SmgConfig::default())),
+        "llm-d" => b
+            .prepare(builtin::PrefixMatchPrepare::new(index))
+            .filter(builtin::HealthFilter)
+            .scorer(builtin::PrecisePrefix, 3.0)
+            .scorer(builtin::KvUtilization, 2.0)
+            .scorer(builtin::QueueScorer, 2.0)
+            .picker(builtin::MaxScore::default()),
+        _ => return None,
+    };
+    Some(b.build().expect("the peer profiles are valid")) // each built in a unit test
+}
+
+/// [`default_profile`] and the [`peer_profile`]s as a config file, for
+/// operators to start from (`block_size` = the engines').
+pub fn default_profiles_toml(block_size: u64) -> String {
+    format!(
+        r#"[profiles.cache-aware]
+inputs = ["chain", "prompt_tokens"]
+prepare = [{{ type = "prefix-match" }}, {{ type = "speculative", ttl_ms = 2000 }}]
+filters = [{{ type = "health" }}]
+scorers = [{{ type = "predicted-ttft", weight = 1.0, block_size = {block_size} }}]
+picker = {{ type = "max-score" }}
+
+[profiles.dynamo]
+inputs = ["chain", "prompt_tokens"]
+prepare = [{{ type = "prefix-match" }}]
+filters = [{{ type = "health" }}]
+scorers = [{{ type = "cache-aware-cost", weight = 1.0, overlap_weight = 1.0, block_size = {block_size} }}]
+picker = {{ type = "max-score" }}
+
+[profiles.smg-cache-aware]
+inputs = ["chain"]
+prepare = [{{ type = "prefix-match" }}]
+filters = [{{ type = "health" }}]
+picker = {{ type = "smg-cache-aware", cache_threshold = 0.3, balance_abs_threshold = 64, balance_rel_threshold = 1.5 }}
+
+[profiles.llm-d]
+inputs = ["chain"]
+prepare = [{{ type = "prefix-match" }}]
+filters = [{{ type = "health" }}]
+scorers = [{{ type = "precise-prefix", weight = 3.0 }}, {{ type = "kv-utilization", weight = 2.0 }}, {{ type = "queue", weight = 2.0 }}]
+picker = {{ type = "max-score" }}
+"#
+    )
+}
+
+/// [`default_profile`] as a config file (16-token blocks), for operators to
+/// start from; [`default_profiles_toml`] adds the peer profiles.
 pub const DEFAULT_PROFILE_TOML: &str = r#"[profiles.cache-aware]
 inputs = ["chain", "prompt_tokens"]
-prepare = [{ type = "prefix-match" }]
+prepare = [{ type = "prefix-match" }, { type = "speculative", ttl_ms = 2000 }]
 filters = [{ type = "health" }]
-scorers = [{ type = "cache-aware-cost", weight = 1.0, overlap_weight = 1.0, block_size = 16 }]
+scorers = [{ type = "predicted-ttft", weight = 1.0, block_size = 16 }]
 picker = { type = "max-score" }
 "#;

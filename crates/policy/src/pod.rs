@@ -32,6 +32,8 @@ pub struct PodState {
     pub in_flight: u32,
     /// Prompt tokens sent and not yet prefilled.
     pub queued_prefill_tokens: u64,
+    /// Requests sent whose prefill has not finished (no first token yet).
+    pub prefilling: u32,
     /// KV-cache blocks in use by running requests.
     pub kv_blocks_used: u64,
     /// KV-cache blocks the pod has (0 when unknown).
@@ -49,6 +51,7 @@ impl PodState {
             healthy: true,
             in_flight: 0,
             queued_prefill_tokens: 0,
+            prefilling: 0,
             kv_blocks_used: 0,
             kv_blocks_total: 0,
             latency_ms: 0.0,
@@ -84,20 +87,24 @@ pub trait PodStateSink: Send + Sync {
     fn request_started(&self, pod: PodId, prefill_tokens: u64, kv_blocks: u64) {
         self.update(pod, &mut |s| {
             s.in_flight += 1;
+            s.prefilling += 1;
             s.queued_prefill_tokens += prefill_tokens;
             s.kv_blocks_used += kv_blocks;
         });
     }
 
-    /// The request's first token arrived: its prefill is done.
+    /// The request's first token arrived, or it ended before one: its
+    /// prefill is over. Called once per request.
     fn first_token(&self, pod: PodId, prefill_tokens: u64) {
         self.update(pod, &mut |s| {
+            s.prefilling = s.prefilling.saturating_sub(1);
             s.queued_prefill_tokens = s.queued_prefill_tokens.saturating_sub(prefill_tokens);
         });
     }
 
-    /// The request finished (every path: success, error, cancellation).
-    /// `prefill_tokens` is what is still queued for it (0 after the first token).
+    /// The request finished (every path: success, error, cancellation),
+    /// after [`PodStateSink::first_token`]. `prefill_tokens` is what is
+    /// still queued for it (0 after the first token).
     fn request_finished(
         &self,
         pod: PodId,

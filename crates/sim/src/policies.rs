@@ -4,16 +4,27 @@ use router_policy::builtin::{
     ConsistentHash, HealthFilter, LeastRequests, LoadScorer, MaxScore, RoundRobin, SessionAffinity,
 };
 use router_policy::keys::{HASH_KEY, SESSION_ID};
-use router_policy::{Profile, Registry, default_profile};
+use std::sync::Arc;
+
+use router_index::{Index, IndexConfig};
+use router_policy::builtin::{Memory, RoutedChains};
+use router_policy::{Profile, Registry, default_profile, default_profile_with, peer_profile};
 
 use crate::sim::Policy;
 
-/// Names accepted by [`builtin`].
-pub const NAMES: [&str; 5] = [
+/// Names accepted by [`builtin`]: the baselines, the peers' decisions
+/// ([`router_policy::PEER_PROFILES`]), the default, and the default in
+/// approximate mode (`cache-aware-approx`: the index ignored, only what was
+/// routed counts, as for engines that publish no events).
+pub const NAMES: [&str; 9] = [
     "round-robin",
     "least-requests",
     "consistent-hash",
     "session-affinity",
+    "dynamo",
+    "smg-cache-aware",
+    "llm-d",
+    "cache-aware-approx",
     "cache-aware",
 ];
 
@@ -57,6 +68,19 @@ pub fn builtin(name: &str) -> Option<Policy> {
             )
         }),
         "cache-aware" => Policy::new(name, |index, cfg| default_profile(index, cfg.block_tokens)),
+        "cache-aware-approx" => Policy::new(name, |_, cfg| {
+            // An index no event reaches: the routed chains alone, kept as
+            // long as the replay and as many as a pod's GPU holds.
+            let blind = Index::<4>::new(IndexConfig::default());
+            let memory = Memory::new(u64::MAX / 4, cfg.gpu_blocks);
+            default_profile_with(blind, cfg.block_tokens, Arc::new(RoutedChains::new(memory)))
+        }),
+        "dynamo" | "smg-cache-aware" | "llm-d" => {
+            let peer = name.to_owned();
+            Policy::new(name, move |index, cfg| {
+                peer_profile(&peer, index, cfg.block_tokens).expect("a peer profile's name")
+            })
+        }
         _ => return None,
     })
 }

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use router_core::{BlockHash, CacheEvent, CacheEventSink, PodDirectory, PodId, PodKey};
 use router_index::{Index, IndexConfig};
-use router_policy::keys::{CHAIN, HASH_KEY, PROMPT_TOKENS, SESSION_ID};
+use router_policy::keys::{CHAIN, HASH_KEY, NOW_MS, PROMPT_TOKENS, SESSION_ID};
 use router_policy::{Context, Fleet, PodState, PodStateSink, Profile, Role};
 
 use crate::cache::{BlockCache, CacheChange};
@@ -131,6 +131,8 @@ pub struct Simulation<'a> {
     pending: Vec<Vec<CacheEvent>>,
     decision_ns: Vec<u64>,
     hashes: Vec<Vec<BlockHash>>,
+    /// Request-order mode's load proxy: the last requests, per pod.
+    window: VecDeque<(usize, u64, u64)>,
 }
 
 impl std::fmt::Debug for Simulation<'_> {
@@ -188,6 +190,7 @@ impl<'a> Simulation<'a> {
                 .iter()
                 .map(|r| r.blocks.iter().map(|b| block_hash(*b)).collect())
                 .collect(),
+            window: VecDeque::new(),
         }
     }
 
@@ -275,7 +278,10 @@ impl<'a> Simulation<'a> {
         ctx.insert(CHAIN, self.hashes[r].clone());
         ctx.insert(PROMPT_TOKENS, req.input_tokens);
         ctx.insert(HASH_KEY, block_hash(req.blocks[0]).0);
-        ctx.insert(SESSION_ID, req.session.to_string());
+        ctx.insert(NOW_MS, self.records[r].arrival_ms as u64);
+        if let Some(s) = req.session {
+            ctx.insert(SESSION_ID, s.to_string());
+        }
         let mut pods = Vec::with_capacity(self.pods.len());
         self.fleet.snapshot_into(&mut pods);
         let t0 = Instant::now();
@@ -285,6 +291,10 @@ impl<'a> Simulation<'a> {
         self.pods.iter().position(|p| p.id == pod).unwrap_or(0)
     }
 
+    /// Request-order mode has no time, so no load: without a proxy a
+    /// cache-seeking policy sends everything to one pod. Each request
+    /// counts as in flight (its uncached tokens as queued prefill) until
+    /// as many requests as there are pods have arrived after it.
     fn request_order_one(&mut self, r: usize) {
         let p = self.route(r);
         self.records[r].pod = p;
@@ -295,10 +305,37 @@ impl<'a> Simulation<'a> {
             cache.computed(&adm.computed);
             cache.release(&blocks);
         }
+        let input = self.trace[r].input_tokens;
+        let cached = (self.records[r].hit_blocks as u64 * self.cfg.block_tokens).min(input);
+        let load = (p, input - cached, blocks.len() as u64);
+        self.window.push_back(load);
+        self.window_load(load, true);
+        if self.window.len() > self.pods.len() {
+            if let Some(old) = self.window.pop_front() {
+                self.window_load(old, false);
+            }
+        }
         // No timing in this mode: served the moment it arrives.
         self.records[r].first_token_ms = Some(0.0);
         self.records[r].done_ms = Some(0.0);
         self.flush_changes(p, 0);
+    }
+
+    /// Adds (or takes back) one request of the request-order load proxy.
+    fn window_load(&self, (p, tokens, blocks): (usize, u64, u64), add: bool) {
+        self.fleet.update(self.pods[p].id, &mut |s| {
+            if add {
+                s.in_flight += 1;
+                s.prefilling += 1;
+                s.queued_prefill_tokens += tokens;
+                s.kv_blocks_used += blocks;
+            } else {
+                s.in_flight = s.in_flight.saturating_sub(1);
+                s.prefilling = s.prefilling.saturating_sub(1);
+                s.queued_prefill_tokens = s.queued_prefill_tokens.saturating_sub(tokens);
+                s.kv_blocks_used = s.kv_blocks_used.saturating_sub(blocks);
+            }
+        });
     }
 
     /// Turns a pod's cache changes into events for the index, delivered
@@ -335,10 +372,13 @@ impl<'a> Simulation<'a> {
             .map(|&r| self.trace[r].blocks.len() as u64)
             .sum();
         let in_flight = (pod.waiting.len() + pod.running.len()) as u32;
+        let prefilling =
+            (pod.waiting.len() + pod.running.iter().filter(|r| r.prefill_left > 0).count()) as u32;
         let pinned = pod.cache.pinned() as u64;
         let total = self.cfg.gpu_blocks as u64;
         self.fleet.update(pod.id, &mut |s| {
             s.in_flight = in_flight;
+            s.prefilling = prefilling;
             s.queued_prefill_tokens = waiting_tokens + running_tokens;
             s.kv_blocks_used = pinned + waiting_blocks;
             s.kv_blocks_total = total;

@@ -16,9 +16,10 @@ pub struct Request {
     pub output_tokens: u64,
     /// Prefix-chained block ids: equal ids mean equal prefixes.
     pub blocks: Vec<u64>,
-    /// The conversation the request belongs to (its first block when the
-    /// trace has no sessions).
-    pub session: u64,
+    /// The conversation the request belongs to, when the trace says
+    /// (Mooncake traces do not: a shared first block is a shared system
+    /// prompt, not one conversation, so no session is inferred from it).
+    pub session: Option<u64>,
 }
 
 /// A trace line that could not be used.
@@ -95,7 +96,7 @@ pub fn parse_mooncake(text: &str) -> Result<Vec<Request>, TraceError> {
             arrival_ms: ts,
             input_tokens: input,
             output_tokens: output.max(1),
-            session: blocks[0],
+            session: None,
             blocks,
         });
     }
@@ -242,7 +243,7 @@ pub fn synthetic(p: &SyntheticParams, seed: u64) -> Vec<Request> {
             input_tokens: input,
             output_tokens: 1 + rng.below(2 * p.output_tokens.max(1)),
             blocks: s.blocks.clone(),
-            session: s.id,
+            session: Some(s.id),
         });
         s.turns_left -= 1;
         if s.turns_left == 0 {

@@ -3,17 +3,23 @@
 
 mod breaker;
 mod filters;
+mod peers;
 mod pickers;
 mod prepare;
+mod routed;
 mod scorers;
+mod ttft;
 
 pub use breaker::{BreakerConfig, CircuitBreaker};
 pub use filters::{BoundedLoad, HealthFilter, RoleFilter};
+pub use peers::{KvUtilization, PrecisePrefix, QueueScorer, SmgCacheAware, SmgConfig, SmgFallback};
 pub use pickers::{
     ConsistentHash, LeastRequests, MaxScore, PowerOfTwo, RandomPick, RoundRobin, WeightedRandom,
 };
 pub use prepare::PrefixMatchPrepare;
+pub use routed::{Memory, RoutedChains, Speculative, wall_ms};
 pub use scorers::{
     CacheAwareCost, HashAffinity, LoadScorer, NoCacheSpread, PrefixCacheScorer, SessionAffinity,
     TierAwareScorer, TierWeights,
 };
+pub use ttft::{PredictedTtft, TtftModel};

@@ -12,7 +12,7 @@ fn req(ms: f64, blocks: &[u64]) -> Request {
         input_tokens: blocks.len() as u64 * 512,
         output_tokens: 4,
         blocks: blocks.to_vec(),
-        session: blocks[0],
+        session: Some(blocks[0]),
     }
 }
 

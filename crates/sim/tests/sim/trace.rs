@@ -84,7 +84,10 @@ fn the_synthetic_generator_is_deterministic_and_shares_prefixes() {
     // Later turns extend earlier ones of the same session.
     let mut by_session: std::collections::HashMap<u64, Vec<&Vec<u64>>> = Default::default();
     for r in &a {
-        by_session.entry(r.session).or_default().push(&r.blocks);
+        by_session
+            .entry(r.session.expect("synthetic requests have sessions"))
+            .or_default()
+            .push(&r.blocks);
     }
     for turns in by_session.values() {
         for w in turns.windows(2) {

@@ -1,0 +1,381 @@
+//! What the router itself sent where: provisional (speculative) chain
+//! registrations, and the approximate index of engines that publish no
+//! cache events.
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+use parking_lot::Mutex;
+use router_core::{BlockHash, PodId};
+
+use crate::context::{Context, KeyId};
+use crate::keys::{CACHE_HITS, CHAIN, CacheHits, NOW_MS};
+use crate::plugin::{Plugin, Prepare};
+use crate::pod::PodState;
+
+/// Milliseconds on a process-wide monotonic clock: the time plugins with
+/// memory use when the caller sets no [`NOW_MS`].
+pub fn wall_ms() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_millis() as u64
+}
+
+/// The request's time: [`NOW_MS`] if the caller set it (a simulator's
+/// clock), else [`wall_ms`].
+pub(crate) fn now_ms(ctx: &Context) -> u64 {
+    ctx.get(NOW_MS).copied().unwrap_or_else(wall_ms)
+}
+
+/// Block hashes are already well mixed; one multiply spreads structured ones.
+#[derive(Default)]
+struct MixHasher(u64);
+
+impl Hasher for MixHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x100_0000_01B3);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (v ^ (v >> 29)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+type Mix = BuildHasherDefault<MixHasher>;
+
+/// How long a pod's routed blocks count and how many it may have.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Memory {
+    /// A registration counts for this long after its last routing, ms.
+    pub ttl_ms: u64,
+    /// Blocks remembered per pod; the least recently routed leave first
+    /// (the engine's own LRU, approximately).
+    pub capacity_blocks: usize,
+}
+
+impl Memory {
+    /// Speculative registrations: 2 s (Dynamo's, llm-d's and vllm-router's
+    /// default TTL), 65,536 blocks per pod.
+    pub const SPECULATIVE: Memory = Memory {
+        ttl_ms: 2_000,
+        capacity_blocks: 65_536,
+    };
+
+    /// A registration that lasts `ttl_ms` and at most `capacity_blocks` per pod.
+    pub fn new(ttl_ms: u64, capacity_blocks: usize) -> Self {
+        Memory {
+            ttl_ms,
+            capacity_blocks: capacity_blocks.max(1),
+        }
+    }
+}
+
+struct PodLog {
+    memory: Memory,
+    live: usize,
+    /// `(expiry, block)` in routing order; entries whose expiry no longer
+    /// matches the block's holder record are stale and skipped.
+    order: VecDeque<(u64, BlockHash)>,
+}
+
+struct Inner {
+    /// How pods not given their own memory remember.
+    default: Memory,
+    /// Block -> the pods it was routed to, with each registration's expiry.
+    blocks: HashMap<BlockHash, Vec<(PodId, u64)>, Mix>,
+    pods: HashMap<PodId, PodLog>,
+}
+
+impl Inner {
+    fn drop_holder(&mut self, block: BlockHash, pod: PodId, expiry: u64) -> bool {
+        let Some(holders) = self.blocks.get_mut(&block) else {
+            return false;
+        };
+        let Some(i) = holders.iter().position(|&(p, e)| p == pod && e == expiry) else {
+            return false;
+        };
+        holders.swap_remove(i);
+        if holders.is_empty() {
+            self.blocks.remove(&block);
+        }
+        true
+    }
+
+    /// Drops `pod`'s expired registrations and its oldest beyond capacity.
+    fn trim(&mut self, pod: PodId, now: u64) {
+        loop {
+            let Some(log) = self.pods.get_mut(&pod) else {
+                return;
+            };
+            let Some(&(expiry, block)) = log.order.front() else {
+                return;
+            };
+            if expiry > now && log.live <= log.memory.capacity_blocks {
+                break;
+            }
+            log.order.pop_front();
+            if self.drop_holder(block, pod, expiry) {
+                if let Some(log) = self.pods.get_mut(&pod) {
+                    log.live -= 1;
+                }
+            }
+        }
+        // Stale queue entries (blocks routed again later) are bounded: when
+        // they outnumber the live ones, rebuild the queue.
+        let blocks = &self.blocks;
+        if let Some(log) = self.pods.get_mut(&pod)
+            && log.order.len() > 2 * log.live + 1024
+        {
+            log.order.retain(|&(expiry, block)| {
+                blocks
+                    .get(&block)
+                    .is_some_and(|h| h.iter().any(|&(p, e)| p == pod && e == expiry))
+            });
+        }
+    }
+}
+
+/// Chains the router sent to each pod, each block remembered until its
+/// registration expires or its pod runs out of remembered capacity.
+///
+/// Two uses: **speculative registration** (a routed chain counts as cached
+/// on its pod at once, so siblings arriving before the engine's events
+/// follow it; 2 s TTL, then the real events have taken over), and the
+/// **approximate mode** of pods that publish no events (a long TTL and a
+/// capacity like the engine's cache: what SMG's radix tree and vLLM's
+/// router do without events).
+///
+/// **Invariant:** memory is bounded: each pod holds at most its
+/// `capacity_blocks` live registrations, and stale bookkeeping is
+/// compacted once it outgrows them.
+pub struct RoutedChains {
+    inner: Mutex<Inner>,
+}
+
+impl fmt::Debug for RoutedChains {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let inner = self.inner.lock();
+        f.debug_struct("RoutedChains")
+            .field("default", &inner.default)
+            .field("blocks", &inner.blocks.len())
+            .field("pods", &inner.pods.len())
+            .finish()
+    }
+}
+
+impl RoutedChains {
+    /// A table whose pods remember by `default` unless [`RoutedChains::set_memory`]
+    /// says otherwise for a pod.
+    pub fn new(default: Memory) -> Self {
+        RoutedChains {
+            inner: Mutex::new(Inner {
+                default,
+                blocks: HashMap::default(),
+                pods: HashMap::new(),
+            }),
+        }
+    }
+
+    /// Changes how pods without their own memory remember from now on
+    /// (pods seen already keep theirs).
+    pub fn set_default(&self, memory: Memory) {
+        self.inner.lock().default = memory;
+    }
+
+    /// Sets how `pod` remembers (for example a long TTL for a pod without
+    /// events). Registrations made before keep their expiry.
+    pub fn set_memory(&self, pod: PodId, memory: Memory) {
+        let mut inner = self.inner.lock();
+        match inner.pods.get_mut(&pod) {
+            Some(log) => log.memory = memory,
+            None => {
+                inner.pods.insert(
+                    pod,
+                    PodLog {
+                        memory,
+                        live: 0,
+                        order: VecDeque::new(),
+                    },
+                );
+            }
+        }
+    }
+
+    /// Registers `chain` as routed to `pod` at `now` (ms).
+    pub fn insert(&self, pod: PodId, chain: &[BlockHash], now: u64) {
+        let mut inner = self.inner.lock();
+        let default = inner.default;
+        let memory = inner
+            .pods
+            .entry(pod)
+            .or_insert_with(|| PodLog {
+                memory: default,
+                live: 0,
+                order: VecDeque::new(),
+            })
+            .memory;
+        let expiry = now.saturating_add(memory.ttl_ms);
+        // Beyond capacity only the chain's head can be kept.
+        let keep = chain.len().min(memory.capacity_blocks);
+        let mut added = 0usize;
+        for &block in &chain[..keep] {
+            let holders = inner.blocks.entry(block).or_default();
+            match holders.iter_mut().find(|(p, _)| *p == pod) {
+                Some(h) => h.1 = expiry,
+                None => {
+                    holders.push((pod, expiry));
+                    added += 1;
+                }
+            }
+        }
+        if let Some(log) = inner.pods.get_mut(&pod) {
+            log.live += added;
+            log.order.extend(chain[..keep].iter().map(|&b| (expiry, b)));
+        }
+        let pods: Vec<PodId> = inner.pods.keys().copied().collect();
+        for p in pods {
+            inner.trim(p, now);
+        }
+    }
+
+    /// Forgets everything routed to `pod` (it left, or restarted).
+    pub fn remove_pod(&self, pod: PodId) {
+        let mut inner = self.inner.lock();
+        if let Some(log) = inner.pods.remove(&pod) {
+            for (expiry, block) in log.order {
+                inner.drop_holder(block, pod, expiry);
+            }
+        }
+    }
+
+    /// Live registered blocks of `pod` (SMG's "tree size").
+    pub fn pod_blocks(&self, pod: PodId) -> usize {
+        self.inner.lock().pods.get(&pod).map_or(0, |l| l.live)
+    }
+
+    /// Every pod's leading blocks of `chain` registered and live at `now`,
+    /// appended to `out` as `(pod, blocks)` (unordered, no zero entries).
+    pub fn match_into(&self, chain: &[BlockHash], now: u64, out: &mut Vec<(PodId, u32)>) {
+        out.clear();
+        let inner = self.inner.lock();
+        for (depth, block) in chain.iter().enumerate() {
+            let Some(holders) = inner.blocks.get(block) else {
+                break;
+            };
+            let live = |pod: PodId| holders.iter().any(|&(p, e)| p == pod && e > now);
+            let mut open = false;
+            if depth == 0 {
+                for &(p, e) in holders {
+                    if e > now {
+                        out.push((p, 1));
+                        open = true;
+                    }
+                }
+            } else {
+                for m in out.iter_mut() {
+                    if m.1 as usize == depth && live(m.0) {
+                        m.1 += 1;
+                        open = true;
+                    }
+                }
+            }
+            if !open {
+                break;
+            }
+        }
+    }
+
+    /// The slow, obviously right twin of [`RoutedChains::match_into`]: each
+    /// pod's blocks checked one by one.
+    #[doc(hidden)]
+    pub fn match_linear(&self, chain: &[BlockHash], now: u64, pod: PodId) -> u32 {
+        let inner = self.inner.lock();
+        chain
+            .iter()
+            .take_while(|b| {
+                inner
+                    .blocks
+                    .get(b)
+                    .is_some_and(|h| h.iter().any(|&(p, e)| p == pod && e > now))
+            })
+            .count() as u32
+    }
+}
+
+/// `speculative`: counts what the router itself routed as cached.
+///
+/// After `prefix-match` it raises each pod's matched blocks in
+/// [`CACHE_HITS`] to what was routed there and is still live; alone (no
+/// index, engines without events) it produces [`CACHE_HITS`] from the
+/// routed chains only. After every decision the request's chain is
+/// registered for the chosen pod.
+pub struct Speculative {
+    table: Arc<RoutedChains>,
+}
+
+impl Speculative {
+    /// Registers into and reads from `table` (share one table between the
+    /// profiles of a gateway so every step sees every routing).
+    pub fn new(table: Arc<RoutedChains>) -> Self {
+        Speculative { table }
+    }
+
+    /// The table.
+    pub fn table(&self) -> &Arc<RoutedChains> {
+        &self.table
+    }
+}
+
+impl fmt::Debug for Speculative {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Speculative")
+            .field("table", &self.table)
+            .finish()
+    }
+}
+
+impl Plugin for Speculative {
+    fn name(&self) -> &str {
+        "speculative"
+    }
+    fn needs(&self) -> Vec<KeyId> {
+        vec![CHAIN.id()]
+    }
+    fn produces(&self) -> Vec<KeyId> {
+        vec![CACHE_HITS.id()]
+    }
+    fn on_pick(&self, ctx: &Context, pod: &PodState) {
+        if let Some(chain) = ctx.get(CHAIN) {
+            self.table.insert(pod.id, chain, now_ms(ctx));
+        }
+    }
+}
+
+impl Prepare for Speculative {
+    fn prepare(&self, ctx: &mut Context, _: &[PodState]) {
+        let now = now_ms(ctx);
+        let mut routed = Vec::new();
+        let chain_len = match ctx.get(CHAIN) {
+            Some(chain) => {
+                self.table.match_into(chain, now, &mut routed);
+                chain.len()
+            }
+            None => 0,
+        };
+        if ctx.get(CACHE_HITS).is_none() {
+            ctx.insert(CACHE_HITS, CacheHits::empty(chain_len));
+        }
+        if let Some(hits) = ctx.get_mut(CACHE_HITS) {
+            for (pod, blocks) in routed {
+                hits.raise(pod, blocks);
+            }
+        }
+    }
+}
