@@ -63,6 +63,59 @@ async fn a_multi_turn_conversation_lands_on_the_pod_holding_its_history() {
     }
 }
 
+/// Engines without events: the gateway routes on what it sent where
+/// (approximate mode), so conversations still find their history.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_events_approximate_mode_keeps_conversations_on_their_pod() {
+    let gw = gateway(4, "", "time_scale = 0.2\nevents = false").await;
+    for conv in 0..4u32 {
+        let mut messages = vec![
+            json!({"role": "system", "content": system_prompt(100 + conv, 300)}),
+            json!({"role": "user", "content": format!("First question of {conv}?")}),
+        ];
+        let first = post(&gw, "/v1/chat/completions", &chat(&messages)).await;
+        assert_eq!(first.status, 200, "{:?}", first.body);
+        let home = first.pod.clone().unwrap();
+        let mut reply = first
+            .body
+            .pointer("/choices/0/message/content")
+            .unwrap()
+            .clone();
+        for turn in 2..5 {
+            messages.push(json!({"role": "assistant", "content": reply}));
+            messages.push(json!({"role": "user", "content": format!("And question {turn}?")}));
+            let next = post(&gw, "/v1/chat/completions", &chat(&messages)).await;
+            assert_eq!(next.status, 200);
+            assert_eq!(
+                next.pod.as_deref(),
+                Some(home.as_str()),
+                "conversation {conv} turn {turn}"
+            );
+            assert!(
+                next.cached >= 300,
+                "the engine had the history: {}",
+                next.cached
+            );
+            assert!(
+                next.predicted >= 300,
+                "the routed record had it: {}",
+                next.predicted
+            );
+            reply = next
+                .body
+                .pointer("/choices/0/message/content")
+                .unwrap()
+                .clone();
+        }
+    }
+    let s = scrape(&gw).await;
+    assert_eq!(
+        value(&s, "cache_router_index_blocks", &[]),
+        0.0,
+        "no event reached the index"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shared_system_prompt_is_reused_without_pinning_all_traffic() {
     let gw = gateway(4, "", "time_scale = 1.0").await;

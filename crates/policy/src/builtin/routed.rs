@@ -80,25 +80,45 @@ impl Memory {
 struct PodLog {
     memory: Memory,
     live: usize,
-    /// `(expiry, block)` in routing order; entries whose expiry no longer
-    /// matches the block's holder record are stale and skipped.
-    order: VecDeque<(u64, BlockHash)>,
+    /// `(expiry, insertion, block)` in routing order; entries whose
+    /// insertion no longer matches the block's holder record are stale
+    /// (the block was routed again since) and skipped.
+    order: VecDeque<(u64, u64, BlockHash)>,
 }
 
 struct Inner {
     /// How pods not given their own memory remember.
     default: Memory,
-    /// Block -> the pods it was routed to, with each registration's expiry.
-    blocks: HashMap<BlockHash, Vec<(PodId, u64)>, Mix>,
+    /// Block -> the pods it was routed to, with each registration's expiry
+    /// and the insertion that made it.
+    blocks: HashMap<BlockHash, Vec<Holder>, Mix>,
     pods: HashMap<PodId, PodLog>,
+    /// Insertions so far (tells a registration from a later one of the
+    /// same block at the same time).
+    insertions: u64,
+    /// The last pod the background sweep trimmed.
+    cursor: PodId,
+}
+
+/// Other pods trimmed of expired registrations on each insertion.
+const SWEEP_PER_INSERT: usize = 2;
+
+#[derive(Clone, Copy)]
+struct Holder {
+    pod: PodId,
+    expiry: u64,
+    insertion: u64,
 }
 
 impl Inner {
-    fn drop_holder(&mut self, block: BlockHash, pod: PodId, expiry: u64) -> bool {
+    fn drop_holder(&mut self, block: BlockHash, pod: PodId, insertion: u64) -> bool {
         let Some(holders) = self.blocks.get_mut(&block) else {
             return false;
         };
-        let Some(i) = holders.iter().position(|&(p, e)| p == pod && e == expiry) else {
+        let Some(i) = holders
+            .iter()
+            .position(|h| h.pod == pod && h.insertion == insertion)
+        else {
             return false;
         };
         holders.swap_remove(i);
@@ -114,14 +134,14 @@ impl Inner {
             let Some(log) = self.pods.get_mut(&pod) else {
                 return;
             };
-            let Some(&(expiry, block)) = log.order.front() else {
+            let Some(&(expiry, insertion, block)) = log.order.front() else {
                 return;
             };
             if expiry > now && log.live <= log.memory.capacity_blocks {
                 break;
             }
             log.order.pop_front();
-            if self.drop_holder(block, pod, expiry) {
+            if self.drop_holder(block, pod, insertion) {
                 if let Some(log) = self.pods.get_mut(&pod) {
                     log.live -= 1;
                 }
@@ -133,10 +153,10 @@ impl Inner {
         if let Some(log) = self.pods.get_mut(&pod)
             && log.order.len() > 2 * log.live + 1024
         {
-            log.order.retain(|&(expiry, block)| {
+            log.order.retain(|&(_, insertion, block)| {
                 blocks
                     .get(&block)
-                    .is_some_and(|h| h.iter().any(|&(p, e)| p == pod && e == expiry))
+                    .is_some_and(|hs| hs.iter().any(|h| h.pod == pod && h.insertion == insertion))
             });
         }
     }
@@ -179,6 +199,8 @@ impl RoutedChains {
                 default,
                 blocks: HashMap::default(),
                 pods: HashMap::new(),
+                insertions: 0,
+                cursor: PodId::new(0, 0),
             }),
         }
     }
@@ -222,25 +244,44 @@ impl RoutedChains {
             })
             .memory;
         let expiry = now.saturating_add(memory.ttl_ms);
+        inner.insertions += 1;
+        let insertion = inner.insertions;
+        let held = Holder {
+            pod,
+            expiry,
+            insertion,
+        };
         // Beyond capacity only the chain's head can be kept.
         let keep = chain.len().min(memory.capacity_blocks);
         let mut added = 0usize;
         for &block in &chain[..keep] {
             let holders = inner.blocks.entry(block).or_default();
-            match holders.iter_mut().find(|(p, _)| *p == pod) {
-                Some(h) => h.1 = expiry,
+            match holders.iter_mut().find(|h| h.pod == pod) {
+                Some(h) => *h = held,
                 None => {
-                    holders.push((pod, expiry));
+                    holders.push(held);
                     added += 1;
                 }
             }
         }
         if let Some(log) = inner.pods.get_mut(&pod) {
             log.live += added;
-            log.order.extend(chain[..keep].iter().map(|&b| (expiry, b)));
+            log.order
+                .extend(chain[..keep].iter().map(|&b| (expiry, insertion, b)));
         }
-        let pods: Vec<PodId> = inner.pods.keys().copied().collect();
-        for p in pods {
+        inner.trim(pod, now);
+        // Pods not routed to for a while expire too: a few per insertion,
+        // in turn, keeps the sweep's cost flat in the number of pods.
+        for _ in 0..SWEEP_PER_INSERT.min(inner.pods.len()) {
+            let next = inner
+                .pods
+                .keys()
+                .copied()
+                .filter(|p| *p > inner.cursor)
+                .min()
+                .or_else(|| inner.pods.keys().copied().min());
+            let Some(p) = next else { break };
+            inner.cursor = p;
             inner.trim(p, now);
         }
     }
@@ -249,8 +290,8 @@ impl RoutedChains {
     pub fn remove_pod(&self, pod: PodId) {
         let mut inner = self.inner.lock();
         if let Some(log) = inner.pods.remove(&pod) {
-            for (expiry, block) in log.order {
-                inner.drop_holder(block, pod, expiry);
+            for (_, insertion, block) in log.order {
+                inner.drop_holder(block, pod, insertion);
             }
         }
     }
@@ -265,25 +306,29 @@ impl RoutedChains {
     pub fn match_into(&self, chain: &[BlockHash], now: u64, out: &mut Vec<(PodId, u32)>) {
         out.clear();
         let inner = self.inner.lock();
+        // Each candidate's position in `out`, by slot: one visit per holder.
+        let mut at: Vec<u32> = Vec::new();
         for (depth, block) in chain.iter().enumerate() {
             let Some(holders) = inner.blocks.get(block) else {
                 break;
             };
-            let live = |pod: PodId| holders.iter().any(|&(p, e)| p == pod && e > now);
             let mut open = false;
-            if depth == 0 {
-                for &(p, e) in holders {
-                    if e > now {
-                        out.push((p, 1));
-                        open = true;
+            for h in holders.iter().filter(|h| h.expiry > now) {
+                let slot = h.pod.slot() as usize;
+                if depth == 0 {
+                    if at.len() <= slot {
+                        at.resize(slot + 1, u32::MAX);
                     }
-                }
-            } else {
-                for m in out.iter_mut() {
-                    if m.1 as usize == depth && live(m.0) {
-                        m.1 += 1;
-                        open = true;
-                    }
+                    at[slot] = out.len() as u32;
+                    out.push((h.pod, 1));
+                    open = true;
+                } else if let Some(m) = at
+                    .get(slot)
+                    .and_then(|&k| out.get_mut(k as usize))
+                    .filter(|m| m.0 == h.pod && m.1 as usize == depth)
+                {
+                    m.1 += 1;
+                    open = true;
                 }
             }
             if !open {
@@ -303,7 +348,7 @@ impl RoutedChains {
                 inner
                     .blocks
                     .get(b)
-                    .is_some_and(|h| h.iter().any(|&(p, e)| p == pod && e > now))
+                    .is_some_and(|hs| hs.iter().any(|h| h.pod == pod && h.expiry > now))
             })
             .count() as u32
     }

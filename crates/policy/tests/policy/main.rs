@@ -5,6 +5,7 @@ mod hashing;
 mod hot_prefix;
 mod plugins;
 mod profile;
+mod speculative;
 
 use router_core::PodId;
 use router_policy::{PodState, Role};

@@ -1,0 +1,190 @@
+//! Speculative registration, the routed-chains table against its linear
+//! oracle, the approximate mode, and the peer profiles.
+
+use std::sync::Arc;
+
+use proptest::prelude::*;
+use router_core::{BlockHash, PodDirectory, PodId, PodKey};
+use router_index::{Index, IndexConfig};
+use router_policy::builtin::{Memory, RoutedChains};
+use router_policy::keys::{CACHE_HITS, CHAIN, NOW_MS, PROMPT_TOKENS};
+use router_policy::{
+    Context, Fleet, PEER_PROFILES, PodState, PodStateSink, Profile, Role, default_profile,
+    default_profile_with, peer_profile,
+};
+
+const BLOCK: u64 = 16;
+
+struct Cluster {
+    index: Arc<Index>,
+    fleet: Fleet,
+    ids: Vec<PodId>,
+}
+
+fn cluster(pods: usize) -> Cluster {
+    let index = Index::<4>::new(IndexConfig::default());
+    let fleet = Fleet::new();
+    let ids = (0..pods)
+        .map(|i| {
+            let id = index.join(&PodKey::new(format!("pod-{i}"), 0)).unwrap();
+            fleet.upsert(PodState::new(id, Role::Both));
+            id
+        })
+        .collect();
+    Cluster { index, fleet, ids }
+}
+
+/// Routes one request of `chain` at `now`, accounting it as sent (its
+/// uncached tokens queued) as the executor does; returns the pod's slot and
+/// the blocks the decision counted as cached there.
+fn route(c: &Cluster, profile: &Profile, chain: &[BlockHash], now: u64) -> (usize, u32) {
+    let mut ctx = Context::new();
+    ctx.insert(CHAIN, chain.to_vec());
+    ctx.insert(PROMPT_TOKENS, chain.len() as u64 * BLOCK);
+    ctx.insert(NOW_MS, now);
+    let mut pods = Vec::new();
+    c.fleet.snapshot_into(&mut pods);
+    let d = profile.decide(&mut ctx, &mut pods).unwrap();
+    let matched = ctx.get(CACHE_HITS).map_or(0, |h| h.blocks(d.pod));
+    let uncached = (chain.len() as u64 - u64::from(matched)) * BLOCK;
+    c.fleet.request_started(d.pod, uncached, chain.len() as u64);
+    (c.ids.iter().position(|&id| id == d.pod).unwrap(), matched)
+}
+
+fn sibling(prefix: &[BlockHash], i: u64) -> Vec<BlockHash> {
+    let mut chain = prefix.to_vec();
+    chain.push(BlockHash((i + 1) << 40));
+    chain
+}
+
+fn spread_of_a_burst(profile: impl Fn(&Cluster) -> Profile) -> usize {
+    let c = cluster(4);
+    let profile = profile(&c);
+    let prefix: Vec<BlockHash> = (0..64).map(|i| BlockHash(7_000 + i)).collect();
+    // 16 requests inside the event delay: no event reaches the index.
+    let mut used = [0usize; 4];
+    for i in 0..16 {
+        used[route(&c, &profile, &sibling(&prefix, i), 1_000 + i).0] += 1;
+    }
+    used.iter().filter(|&&n| n > 0).count()
+}
+
+#[test]
+fn a_burst_on_a_new_prefix_follows_its_first_request() {
+    // With speculative registration the siblings follow the first request
+    // until its pod's queue costs more than recomputing the prefix
+    // elsewhere: one copy, at most two.
+    let with = spread_of_a_burst(|c| default_profile(c.index.clone(), BLOCK));
+    assert!(with <= 2, "the burst was scattered over {with} pods");
+    // Without it (an approximate table that forgets at once) the same
+    // burst is scattered by load alone: the test can fail.
+    let without = spread_of_a_burst(|c| {
+        let forgets = Arc::new(RoutedChains::new(Memory::new(1, 1)));
+        default_profile_with(c.index.clone(), BLOCK, forgets)
+    });
+    assert_eq!(without, 4, "without registration the burst spreads by load");
+}
+
+#[test]
+fn a_registration_expires_after_its_ttl() {
+    let c = cluster(4);
+    let profile = default_profile(c.index.clone(), BLOCK);
+    let prefix: Vec<BlockHash> = (0..32).map(|i| BlockHash(9_000 + i)).collect();
+    let (_, first) = route(&c, &profile, &sibling(&prefix, 0), 10_000);
+    assert_eq!(first, 0, "nothing was cached yet");
+    let (_, soon) = route(&c, &profile, &sibling(&prefix, 1), 11_999);
+    assert_eq!(soon, 32, "a sibling inside the TTL counts the prefix");
+    // Both registrations (10.000 s and 11.999 s) have expired by 14 s.
+    let (_, late) = route(&c, &profile, &sibling(&prefix, 2), 14_000);
+    assert_eq!(late, 0, "expired registrations count for nothing");
+}
+
+#[test]
+fn approximate_mode_keeps_conversations_on_their_pod() {
+    // No index at all (engines without events): a long memory per pod.
+    let c = cluster(4);
+    let blind = Index::<4>::new(IndexConfig::default());
+    let table = Arc::new(RoutedChains::new(Memory::new(600_000, 100_000)));
+    let profile = default_profile_with(blind, BLOCK, table);
+    let mut homes = Vec::new();
+    for conv in 0..8u64 {
+        let history: Vec<BlockHash> = (0..40).map(|i| BlockHash((conv << 32) + i)).collect();
+        let (home, _) = route(&c, &profile, &history, conv * 100);
+        homes.push(home);
+        // Let the pod finish its prefill before the next turn.
+        c.fleet.first_token(c.ids[home], 40 * BLOCK);
+    }
+    for conv in 0..8u64 {
+        let mut next: Vec<BlockHash> = (0..40).map(|i| BlockHash((conv << 32) + i)).collect();
+        next.extend((40..44).map(|i| BlockHash((conv << 32) + i)));
+        let (pod, matched) = route(&c, &profile, &next, 10_000 + conv);
+        assert_eq!(
+            pod, homes[conv as usize],
+            "conversation {conv} left its pod"
+        );
+        assert_eq!(matched, 40, "its routed history counted");
+        c.fleet.first_token(c.ids[pod], 4 * BLOCK);
+    }
+}
+
+#[test]
+fn peer_profiles_build_and_decide() {
+    let c = cluster(4);
+    for name in PEER_PROFILES {
+        let profile = peer_profile(name, c.index.clone(), BLOCK).unwrap();
+        let chain: Vec<BlockHash> = (0..8).map(BlockHash).collect();
+        route(&c, &profile, &chain, 0);
+    }
+    assert!(peer_profile("nobody", c.index.clone(), BLOCK).is_none());
+}
+
+#[test]
+fn smg_follows_its_tree_until_load_is_imbalanced() {
+    let c = cluster(2);
+    let profile = peer_profile("smg-cache-aware", c.index.clone(), BLOCK).unwrap();
+    let prefix: Vec<BlockHash> = (0..10).map(|i| BlockHash(500 + i)).collect();
+    let (home, _) = route(&c, &profile, &sibling(&prefix, 0), 0);
+    // The tree matches 10 of 11 blocks (> 0.3): the same worker, while the
+    // spread of in-flight requests stays within 64.
+    for i in 1..60 {
+        assert_eq!(route(&c, &profile, &sibling(&prefix, i), i).0, home);
+    }
+    // Past 64 requests more than the idle worker (and 1.5 x), load wins.
+    let elsewhere = (60..80)
+        .filter(|&i| route(&c, &profile, &sibling(&prefix, i), i).0 != home)
+        .count();
+    assert!(elsewhere >= 1, "the imbalance gate never opened");
+}
+
+proptest! {
+    /// The table's match equals the one-pod-at-a-time oracle, whatever was
+    /// inserted when, and a pod never holds more than its capacity.
+    #[test]
+    fn routed_chains_match_their_oracle(
+        inserts in proptest::collection::vec(
+            (0u16..4, 0u64..6, 1usize..12, 0u64..50), 1..40),
+        query_root in 0u64..6,
+        query_len in 1usize..14,
+        now in 0u64..80,
+    ) {
+        let table = RoutedChains::new(Memory::new(30, 40));
+        let chain_of = |root: u64, len: usize| -> Vec<BlockHash> {
+            (0..len as u64).map(|i| BlockHash(root * 1000 + i)).collect()
+        };
+        let mut t = 0;
+        for (pod, root, len, dt) in inserts {
+            t += dt;
+            table.insert(PodId::new(pod, 0), &chain_of(root, len), t);
+            prop_assert!(table.pod_blocks(PodId::new(pod, 0)) <= 40);
+        }
+        let query = chain_of(query_root, query_len);
+        let at = t.saturating_sub(40) + now;
+        let mut got = Vec::new();
+        table.match_into(&query, at, &mut got);
+        for pod in 0..4u16 {
+            let id = PodId::new(pod, 0);
+            let fast = got.iter().find(|m| m.0 == id).map_or(0, |m| m.1);
+            prop_assert_eq!(fast, table.match_linear(&query, at, id), "pod {}", pod);
+        }
+    }
+}

@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# The peer comparison (not in CI): SGLang Model Gateway (smg), sglang-router
+# and vllm-router from PyPI, each put in front of the same freshly started
+# simulated engines (hosted by examples/gateway), driven by examples/loadgen
+# over the issue's scenarios, one and two replicas (loadgen alternates
+# requests between the replicas' URLs). cache-router's own rows come from
+# the same gateway front in the same run.
+#
+#   scripts/compare_gateways.sh            # every scenario, 1 run each
+#   RUNS=3 scripts/compare_gateways.sh     # 3 runs each
+#
+# Needs network access to PyPI once (the peers' wheels carry their Rust
+# binaries). Loopback only; every load is bounded by loadgen's sessions.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUNS=${RUNS:-1}
+out=target/compare
+mkdir -p "$out"
+venv=$out/peers-venv
+if [ ! -x "$venv/bin/python" ]; then
+    python3 -m venv "$venv"
+fi
+"$venv/bin/pip" install --quiet --disable-pip-version-check smg sglang-router vllm-router
+cargo build --release --locked --example gateway --example loadgen
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+wait_http() {
+    python3 - "$1" <<'PY'
+import sys, time, urllib.request
+direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+for _ in range(300):
+    try:
+        direct.open(sys.argv[1] + "/health", timeout=1); sys.exit(0)
+    except Exception:
+        time.sleep(0.1)
+sys.exit(1)
+PY
+}
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; pids=(); }
+trap cleanup EXIT
+
+# A config of the bundled gateway with `gpu_blocks` set.
+config_for() {
+    local blocks=$1 file=$out/gateway-$1.toml
+    sed -e "s|^tokenizer = .*|tokenizer = \"$PWD/assets/tokenizers/qwen3\"|" \
+        -e "s|^gpu_blocks = .*|gpu_blocks = $blocks|" crates/gateway/gateway.toml > "$file"
+    echo "$file"
+}
+
+# Starts the gateway example (fresh engines); sets GW_URL and WORKERS.
+start_engines() {
+    local port log
+    port=$(free_port)
+    log=$out/gateway-$port.log
+    ./target/release/examples/gateway --config "$1" --listen "127.0.0.1:$port" > "$log" 2>&1 &
+    pids+=($!)
+    GW_URL=http://127.0.0.1:$port
+    # The pod list is printed once the gateway is up.
+    for _ in $(seq 300); do
+        grep -q '^POST' "$log" && break
+        sleep 0.1
+    done
+    WORKERS=$(grep -o 'pod sim-[0-9]* *http://[0-9.:]*' "$log" | grep -o 'http://[0-9.:]*' | tr '\n' ' ')
+}
+
+# Starts one peer router in front of $WORKERS; prints its URL.
+start_peer() {
+    local name=$1 port prom
+    port=$(free_port)
+    prom=$(free_port)
+    case $name in
+        smg) mod=(-m smg launch) ;;
+        sglang-router) mod=(-m sglang_router.launch_router) ;;
+        vllm-router) mod=(-m vllm_router.launch_router) ;;
+    esac
+    # shellcheck disable=SC2086
+    "$venv/bin/python" "${mod[@]}" --worker-urls $WORKERS --policy cache_aware \
+        --host 127.0.0.1 --port "$port" --prometheus-host 127.0.0.1 --prometheus-port "$prom" \
+        > "$out/$name-$port.log" 2>&1 &
+    pids+=($!)
+    wait_http "http://127.0.0.1:$port"
+    echo "http://127.0.0.1:$port"
+}
+
+scenarios=(
+    "default|4096|"
+    "gpu_blocks=512|512|"
+    "96 sessions, 48 at once|4096|--sessions 96 --concurrency 48"
+)
+for run in $(seq "$RUNS"); do
+    for sc in "${scenarios[@]}"; do
+        IFS='|' read -r label blocks extra <<< "$sc"
+        cfg=$(config_for "$blocks")
+        for replicas in 1 2; do
+            echo "== $label, $replicas replica(s), run $run"
+            # cache-router: its own front (one replica) or two embedded
+            # gateways over the same engines.
+            if [ "$replicas" = 1 ]; then
+                start_engines "$cfg"
+                # shellcheck disable=SC2086
+                ./target/release/examples/loadgen --url "$GW_URL" --label cache-router $extra | sed -n 3p
+                cleanup
+            else
+                # shellcheck disable=SC2086
+                ./target/release/examples/loadgen --profiles cache-aware --replicas 2 \
+                    --gpu-blocks "$blocks" $extra | sed -n 3p | sed 's/^cache-aware  /cache-router /'
+            fi
+            for peer in smg sglang-router vllm-router; do
+                start_engines "$cfg"
+                urls=$(start_peer "$peer")
+                if [ "$replicas" = 2 ]; then
+                    urls="$urls,$(start_peer "$peer")"
+                fi
+                # shellcheck disable=SC2086
+                ./target/release/examples/loadgen --url "$urls" --label "$peer" $extra | sed -n 3p || true
+                cleanup
+            done
+        done
+    done
+done
