@@ -8,8 +8,9 @@
 //! filter, predicted-TTFT scorer, max-score picker with fair tie-breaking.
 //! The index's matched blocks are given in the context, a third of the pods
 //! holding part of the prefix. Each iteration copies the fleet snapshot (as
-//! a gateway does per request) and decides. The target is under 5 us at
-//! 256 pods.
+//! a gateway does per request) and decides. A second group, `score-only`,
+//! drops the speculative step, so one run shows what the table costs and
+//! what the formula does. The target is under 5 us at 256 pods.
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use router_core::{PodId, PodMatch, PrefixMatch};
@@ -23,7 +24,13 @@ use router_policy::keys::{CACHE_HITS, CHAIN, CacheHits, NOW_MS, PROMPT_TOKENS};
 use router_policy::{Context, PodState, Profile, Role};
 
 fn bench(c: &mut Criterion) {
-    let mut g = c.benchmark_group("decide");
+    for speculative in [true, false] {
+        group(c, speculative);
+    }
+}
+
+fn group(c: &mut Criterion, speculative: bool) {
+    let mut g = c.benchmark_group(if speculative { "decide" } else { "score-only" });
     for n in [8usize, 64, 256] {
         let table = Arc::new(RoutedChains::new(Memory::SPECULATIVE));
         let chain: Vec<BlockHash> = (0..64).map(|i| BlockHash(1 + i)).collect();
@@ -40,11 +47,14 @@ fn bench(c: &mut Criterion) {
                 .collect();
             table.insert(PodId::new(i as u16, 0), &routed, 0);
         }
-        let profile = Profile::builder("cache-aware-no-index")
+        let mut profile = Profile::builder("cache-aware-no-index")
             .input(CACHE_HITS.id())
             .input(CHAIN.id())
-            .input(PROMPT_TOKENS.id())
-            .prepare(Speculative::new(table))
+            .input(PROMPT_TOKENS.id());
+        if speculative {
+            profile = profile.prepare(Speculative::new(table));
+        }
+        let profile = profile
             .filter(HealthFilter)
             .scorer(
                 PredictedTtft::new(TtftModel::with_block_size(16), None),

@@ -72,7 +72,7 @@ pub fn builtin(name: &str) -> Option<Policy> {
             // An index no event reaches: the routed chains alone, kept as
             // long as the replay and as many as a pod's GPU holds.
             let blind = Index::<4>::new(IndexConfig::default());
-            let memory = Memory::new(u64::MAX / 4, cfg.gpu_blocks);
+            let memory = Memory::forever(cfg.gpu_blocks);
             default_profile_with(blind, cfg.block_tokens, Arc::new(RoutedChains::new(memory)))
         }),
         "dynamo" | "smg-cache-aware" | "llm-d" => {

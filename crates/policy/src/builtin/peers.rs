@@ -83,7 +83,7 @@ pub struct SmgCacheAware {
 impl SmgCacheAware {
     /// The policy with `cfg`.
     pub fn new(cfg: SmgConfig) -> Self {
-        let tree = RoutedChains::new(Memory::new(u64::MAX / 4, cfg.max_tree_blocks));
+        let tree = RoutedChains::new(Memory::forever(cfg.max_tree_blocks));
         SmgCacheAware {
             cfg,
             tree,

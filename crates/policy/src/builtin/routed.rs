@@ -4,7 +4,6 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
@@ -29,25 +28,9 @@ pub(crate) fn now_ms(ctx: &Context) -> u64 {
     ctx.get(NOW_MS).copied().unwrap_or_else(wall_ms)
 }
 
-/// Block hashes are already well mixed; one multiply spreads structured ones.
-#[derive(Default)]
-struct MixHasher(u64);
-
-impl Hasher for MixHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x100_0000_01B3);
-        }
-    }
-    fn write_u64(&mut self, v: u64) {
-        self.0 = (v ^ (v >> 29)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-}
-
-type Mix = BuildHasherDefault<MixHasher>;
+/// Block hashes are mixed already, but a simulator's may be structured
+/// (small sequential ids): ahash spreads both, as the ingestor's maps do.
+type FastMap<K, V> = HashMap<K, V, ahash::RandomState>;
 
 /// How long a pod's routed blocks count and how many it may have.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,6 +51,12 @@ impl Memory {
         capacity_blocks: 65_536,
     };
 
+    /// Registrations that never expire, at most `capacity_blocks` per pod
+    /// (an approximate tree that evicts by size only, as SMG's does).
+    pub fn forever(capacity_blocks: usize) -> Self {
+        Memory::new(u64::MAX / 4, capacity_blocks)
+    }
+
     /// A registration that lasts `ttl_ms` and at most `capacity_blocks` per pod.
     pub fn new(ttl_ms: u64, capacity_blocks: usize) -> Self {
         Memory {
@@ -86,18 +75,33 @@ struct PodLog {
     order: VecDeque<(u64, u64, BlockHash)>,
 }
 
+impl PodLog {
+    fn new(memory: Memory) -> Self {
+        PodLog {
+            memory,
+            live: 0,
+            order: VecDeque::new(),
+        }
+    }
+}
+
 struct Inner {
     /// How pods not given their own memory remember.
     default: Memory,
     /// Block -> the pods it was routed to, with each registration's expiry
     /// and the insertion that made it.
-    blocks: HashMap<BlockHash, Vec<Holder>, Mix>,
-    pods: HashMap<PodId, PodLog>,
+    blocks: FastMap<BlockHash, Vec<Holder>>,
+    pods: FastMap<PodId, PodLog>,
     /// Insertions so far (tells a registration from a later one of the
     /// same block at the same time).
     insertions: u64,
-    /// The last pod the background sweep trimmed.
-    cursor: PodId,
+    /// Every pod with a log, in the order the background sweep visits them.
+    sweep: Vec<PodId>,
+    /// The next position of the sweep in `sweep`.
+    cursor: usize,
+    /// Per query, each candidate's position in the answer, by slot (kept
+    /// between queries, reset after each, so a query allocates nothing).
+    at: Vec<u32>,
 }
 
 /// Other pods trimmed of expired registrations on each insertion.
@@ -111,6 +115,16 @@ struct Holder {
 }
 
 impl Inner {
+    /// `pod`'s log, created with the default memory on first use.
+    fn log(&mut self, pod: PodId) -> &mut PodLog {
+        let default = self.default;
+        let sweep = &mut self.sweep;
+        self.pods.entry(pod).or_insert_with(|| {
+            sweep.push(pod);
+            PodLog::new(default)
+        })
+    }
+
     fn drop_holder(&mut self, block: BlockHash, pod: PodId, insertion: u64) -> bool {
         let Some(holders) = self.blocks.get_mut(&block) else {
             return false;
@@ -197,10 +211,12 @@ impl RoutedChains {
         RoutedChains {
             inner: Mutex::new(Inner {
                 default,
-                blocks: HashMap::default(),
-                pods: HashMap::new(),
+                blocks: FastMap::default(),
+                pods: FastMap::default(),
                 insertions: 0,
-                cursor: PodId::new(0, 0),
+                sweep: Vec::new(),
+                cursor: 0,
+                at: Vec::new(),
             }),
         }
     }
@@ -214,35 +230,13 @@ impl RoutedChains {
     /// Sets how `pod` remembers (for example a long TTL for a pod without
     /// events). Registrations made before keep their expiry.
     pub fn set_memory(&self, pod: PodId, memory: Memory) {
-        let mut inner = self.inner.lock();
-        match inner.pods.get_mut(&pod) {
-            Some(log) => log.memory = memory,
-            None => {
-                inner.pods.insert(
-                    pod,
-                    PodLog {
-                        memory,
-                        live: 0,
-                        order: VecDeque::new(),
-                    },
-                );
-            }
-        }
+        self.inner.lock().log(pod).memory = memory;
     }
 
     /// Registers `chain` as routed to `pod` at `now` (ms).
     pub fn insert(&self, pod: PodId, chain: &[BlockHash], now: u64) {
         let mut inner = self.inner.lock();
-        let default = inner.default;
-        let memory = inner
-            .pods
-            .entry(pod)
-            .or_insert_with(|| PodLog {
-                memory: default,
-                live: 0,
-                order: VecDeque::new(),
-            })
-            .memory;
+        let memory = inner.log(pod).memory;
         let expiry = now.saturating_add(memory.ttl_ms);
         inner.insertions += 1;
         let insertion = inner.insertions;
@@ -264,24 +258,16 @@ impl RoutedChains {
                 }
             }
         }
-        if let Some(log) = inner.pods.get_mut(&pod) {
-            log.live += added;
-            log.order
-                .extend(chain[..keep].iter().map(|&b| (expiry, insertion, b)));
-        }
+        let log = inner.log(pod);
+        log.live += added;
+        log.order
+            .extend(chain[..keep].iter().map(|&b| (expiry, insertion, b)));
         inner.trim(pod, now);
         // Pods not routed to for a while expire too: a few per insertion,
         // in turn, keeps the sweep's cost flat in the number of pods.
-        for _ in 0..SWEEP_PER_INSERT.min(inner.pods.len()) {
-            let next = inner
-                .pods
-                .keys()
-                .copied()
-                .filter(|p| *p > inner.cursor)
-                .min()
-                .or_else(|| inner.pods.keys().copied().min());
-            let Some(p) = next else { break };
-            inner.cursor = p;
+        for _ in 0..SWEEP_PER_INSERT.min(inner.sweep.len()) {
+            inner.cursor = (inner.cursor + 1) % inner.sweep.len();
+            let p = inner.sweep[inner.cursor];
             inner.trim(p, now);
         }
     }
@@ -289,6 +275,7 @@ impl RoutedChains {
     /// Forgets everything routed to `pod` (it left, or restarted).
     pub fn remove_pod(&self, pod: PodId) {
         let mut inner = self.inner.lock();
+        inner.sweep.retain(|&p| p != pod);
         if let Some(log) = inner.pods.remove(&pod) {
             for (_, insertion, block) in log.order {
                 inner.drop_holder(block, pod, insertion);
@@ -305,11 +292,11 @@ impl RoutedChains {
     /// appended to `out` as `(pod, blocks)` (unordered, no zero entries).
     pub fn match_into(&self, chain: &[BlockHash], now: u64, out: &mut Vec<(PodId, u32)>) {
         out.clear();
-        let inner = self.inner.lock();
+        let mut guard = self.inner.lock();
         // Each candidate's position in `out`, by slot: one visit per holder.
-        let mut at: Vec<u32> = Vec::new();
+        let Inner { blocks, at, .. } = &mut *guard;
         for (depth, block) in chain.iter().enumerate() {
-            let Some(holders) = inner.blocks.get(block) else {
+            let Some(holders) = blocks.get(block) else {
                 break;
             };
             let mut open = false;
@@ -334,6 +321,9 @@ impl RoutedChains {
             if !open {
                 break;
             }
+        }
+        for m in out.iter() {
+            at[m.0.slot() as usize] = u32::MAX;
         }
     }
 
