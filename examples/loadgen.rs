@@ -22,7 +22,9 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use futures::StreamExt;
+use router_core::Namespace;
 use router_gateway::{Config, DEFAULT_CONFIG, Gateway, POD_HEADER, PREDICTED_HEADER, SseDecoder};
+use router_hash::ChainHasher;
 use serde_json::{Value, json};
 
 #[derive(Parser, Debug, Clone)]
@@ -265,28 +267,19 @@ struct Summary {
 /// The cached share if every turn met, on its pod, every full block any
 /// earlier-sent turn had (its own history and its system prompt), with no
 /// eviction: an infinite pooled cache in send order.
-fn ceiling(turns: &[Turn], tok: &router_hash::ModelTokenizer, block: usize) -> f64 {
+fn ceiling(turns: &[Turn], tok: &router_hash::ModelTokenizer, hasher: &ChainHasher) -> f64 {
     let mut order: Vec<&Turn> = turns.iter().filter(|t| t.ok).collect();
     order.sort_by_key(|t| t.sent);
+    let namespace = Namespace::model("ceiling");
     let mut seen = std::collections::HashSet::new();
     let (mut cached, mut total) = (0usize, 0usize);
     for t in order {
         let Ok(ids) = router_gateway::prompt_tokens(router_gateway::Api::Chat, &t.body, tok) else {
             continue;
         };
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        let mut prefix = true;
-        for chunk in ids.chunks_exact(block.max(1)) {
-            for id in chunk {
-                h = (h ^ u64::from(*id)).wrapping_mul(0x100_0000_01b3);
-            }
-            if prefix && seen.contains(&h) {
-                cached += block;
-            } else {
-                prefix = false;
-            }
-            seen.insert(h);
-        }
+        let chain = hasher.chain(&namespace, &ids);
+        cached += chain.iter().take_while(|h| seen.contains(*h)).count() * hasher.block_size();
+        seen.extend(chain);
         total += ids.len();
     }
     cached as f64 / total.max(1) as f64
@@ -336,6 +329,7 @@ async fn drive(
     urls: &[String],
     label: &str,
     tok: &router_hash::ModelTokenizer,
+    hasher: &ChainHasher,
 ) -> Summary {
     let client = reqwest::Client::builder()
         .no_proxy()
@@ -358,7 +352,7 @@ async fn drive(
     let wall = targets.start.elapsed();
     Summary {
         label: label.to_owned(),
-        ceiling: ceiling(&turns, tok, 16),
+        ceiling: ceiling(&turns, tok, hasher),
         turns,
         wall,
     }
@@ -408,10 +402,11 @@ async fn main() {
             std::process::exit(2);
         }
     };
+    let hasher = ChainHasher::new(base.gateway.block_size as usize).expect("a positive block size");
     let mut failed = 0;
     if let Some(url) = &args.url {
         let urls: Vec<String> = url.split(',').map(|u| u.trim().to_owned()).collect();
-        let s = drive(args.clone(), &urls, &args.label, &tok).await;
+        let s = drive(args.clone(), &urls, &args.label, &tok, &hasher).await;
         println!("{}", s.row());
         failed += s.failed();
     }
@@ -454,7 +449,7 @@ async fn main() {
             }
         }
         let urls: Vec<String> = gateways.iter().map(Gateway::url).collect();
-        let s = drive(args.clone(), &urls, profile, &tok).await;
+        let s = drive(args.clone(), &urls, profile, &tok, &hasher).await;
         println!("{}", s.row());
         failed += s.failed();
         drop(gateways);
