@@ -285,14 +285,7 @@ async fn run(
         .route("/health", get(|| async { "" }))
         .with_state(engine.clone());
     let tasks = vec![
-        tokio::spawn(async move {
-            // Small SSE chunks must not wait for Nagle's algorithm (about 40 ms
-            // on a kept-alive connection).
-            let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-                let _ = tcp.set_nodelay(true);
-            });
-            let _ = axum::serve(listener, app).await;
-        }),
+        tokio::spawn(crate::serve(listener, app)),
         tokio::spawn(publish(
             publisher,
             rx,

@@ -40,6 +40,17 @@ mod server;
 mod sse;
 mod wire;
 
+/// Serves `app` on `listener` until the task is dropped, with `TCP_NODELAY`
+/// on every connection: small SSE chunks must not wait for Nagle's
+/// algorithm (about 40 ms on a kept-alive connection). The gateway and the
+/// simulated engines both serve through it.
+async fn serve(listener: tokio::net::TcpListener, app: axum::Router) {
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    let _ = axum::serve(listener, app).await;
+}
+
 pub use backend::HttpBackend;
 pub use config::{Config, DEFAULT_CONFIG, GatewayConfig, PodConfig, SimulatedConfig, WorkflowKind};
 pub use engine::{EngineConfig, SimEngine};

@@ -342,14 +342,7 @@ impl Gateway {
                     message: e.to_string(),
                 })?;
         let tasks = vec![
-            tokio::spawn(async move {
-                // Small SSE chunks must not wait for Nagle's algorithm (about 40 ms
-                // on a kept-alive connection).
-                let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-                    let _ = tcp.set_nodelay(true);
-                });
-                let _ = axum::serve(listener, app).await;
-            }),
+            tokio::spawn(crate::serve(listener, app)),
             tokio::spawn(probe_loop(
                 pods,
                 probe_client,
