@@ -195,9 +195,9 @@ fn workflow(
 /// prefill and a decode profile for disaggregated serving (the prefill pod
 /// chosen for its cache, the decode pod for its load).
 fn default_profiles(block_size: u32) -> String {
-    let mut text = router_policy::default_profiles_toml(u64::from(block_size)).replace(
-        r#"filters = [{ type = "health" }]"#,
-        r#"filters = [{ type = "health" }, { type = "circuit-breaker" }]"#,
+    let mut text = router_policy::default_profiles_toml(
+        u64::from(block_size),
+        r#"{ type = "health" }, { type = "circuit-breaker" }"#,
     );
     text.push_str(&format!(
         r#"

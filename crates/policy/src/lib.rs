@@ -153,33 +153,35 @@ pub fn peer_profile(
 }
 
 /// [`default_profile`] and the [`peer_profile`]s as a config file, for
-/// operators to start from (`block_size` = the engines').
-pub fn default_profiles_toml(block_size: u64) -> String {
+/// operators to start from: `block_size` is the engines', `filters` the
+/// inline tables of every profile's filter list (router-policy's own
+/// profiles use `{ type = "health" }`; a gateway adds its breaker).
+pub fn default_profiles_toml(block_size: u64, filters: &str) -> String {
     format!(
         r#"[profiles.cache-aware]
 inputs = ["chain", "prompt_tokens"]
 prepare = [{{ type = "prefix-match" }}, {{ type = "speculative", ttl_ms = 2000 }}]
-filters = [{{ type = "health" }}]
+filters = [{filters}]
 scorers = [{{ type = "predicted-ttft", weight = 1.0, block_size = {block_size} }}]
 picker = {{ type = "max-score" }}
 
 [profiles.dynamo]
 inputs = ["chain", "prompt_tokens"]
 prepare = [{{ type = "prefix-match" }}]
-filters = [{{ type = "health" }}]
+filters = [{filters}]
 scorers = [{{ type = "cache-aware-cost", weight = 1.0, overlap_weight = 1.0, block_size = {block_size} }}]
 picker = {{ type = "max-score" }}
 
 [profiles.smg-cache-aware]
 inputs = ["chain"]
 prepare = [{{ type = "prefix-match" }}]
-filters = [{{ type = "health" }}]
+filters = [{filters}]
 picker = {{ type = "smg-cache-aware", cache_threshold = 0.3, balance_abs_threshold = 64, balance_rel_threshold = 1.5 }}
 
 [profiles.llm-d]
 inputs = ["chain"]
 prepare = [{{ type = "prefix-match" }}]
-filters = [{{ type = "health" }}]
+filters = [{filters}]
 scorers = [{{ type = "precise-prefix", weight = 3.0 }}, {{ type = "kv-utilization", weight = 2.0 }}, {{ type = "queue", weight = 2.0 }}]
 picker = {{ type = "max-score" }}
 "#

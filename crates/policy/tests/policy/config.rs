@@ -30,6 +30,29 @@ fn the_default_profile_from_toml_equals_the_one_from_code() {
 }
 
 #[test]
+fn the_bundled_profiles_from_toml_equal_the_ones_from_code() {
+    let (reg, index) = registry();
+    let text = router_policy::default_profiles_toml(16, r#"{ type = "health" }"#);
+    assert!(
+        text.starts_with(DEFAULT_PROFILE_TOML),
+        "DEFAULT_PROFILE_TOML is the first of them"
+    );
+    let from_file = reg.load(&text).unwrap();
+    assert_eq!(
+        format!("{:?}", from_file["cache-aware"]),
+        format!("{:?}", default_profile(index.clone(), 16))
+    );
+    for name in router_policy::PEER_PROFILES {
+        let from_code = router_policy::peer_profile(name, index.clone(), 16).unwrap();
+        assert_eq!(
+            format!("{:?}", from_file[name]),
+            format!("{from_code:?}"),
+            "{name}"
+        );
+    }
+}
+
+#[test]
 fn a_richer_profile_from_toml_equals_code() {
     let (reg, index) = registry();
     let text = r#"
