@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use proptest::prelude::*;
-use router_core::{BlockHash, PodDirectory, PodId, PodKey};
+use router_core::{BlockHash, PodDirectory, PodId, PodKey, Tier};
 use router_index::{Index, IndexConfig};
 use router_policy::builtin::{Memory, RoutedChains};
 use router_policy::keys::{CACHE_HITS, CHAIN, NOW_MS, PROMPT_TOKENS};
@@ -128,14 +128,24 @@ fn approximate_mode_keeps_conversations_on_their_pod() {
 }
 
 #[test]
-fn peer_profiles_build_and_decide() {
-    let c = cluster(4);
+fn peer_profiles_follow_their_own_view_of_the_cache() {
+    let chain: Vec<BlockHash> = (0..8).map(|i| BlockHash(300 + i)).collect();
     for name in PEER_PROFILES {
+        let c = cluster(4);
+        // The index says pod 2 holds the whole chain.
+        c.index.store(c.ids[2], Tier::Gpu, &chain).unwrap();
         let profile = peer_profile(name, c.index.clone(), BLOCK).unwrap();
-        let chain: Vec<BlockHash> = (0..8).map(BlockHash).collect();
-        route(&c, &profile, &chain, 0);
+        let (pod, _) = route(&c, &profile, &chain, 0);
+        match name {
+            // Event-fed: the pod the index names.
+            "dynamo" | "llm-d" => assert_eq!(pod, 2, "{name}"),
+            // SMG reads only its tree of what it routed, empty here: the
+            // least-loaded pod, ties to the first.
+            "smg-cache-aware" => assert_eq!(pod, 0, "{name}"),
+            other => panic!("a peer profile without a test: {other}"),
+        }
     }
-    assert!(peer_profile("nobody", c.index.clone(), BLOCK).is_none());
+    assert!(peer_profile("nobody", cluster(1).index, BLOCK).is_none());
 }
 
 #[test]
