@@ -31,8 +31,8 @@ use crate::builtin::{
     TierAwareScorer, TierWeights, WeightedRandom,
 };
 use crate::builtin::{
-    KvUtilization, Memory, PrecisePrefix, PredictedTtft, QueueScorer, RoutedChains, SmgCacheAware,
-    SmgConfig, Speculative, TtftModel,
+    KvUtilization, MAX_TIER_TOP_K, Memory, PrecisePrefix, PredictedTtft, QueueScorer, RoutedChains,
+    SmgCacheAware, SmgConfig, Speculative, TtftModel,
 };
 use crate::context::{Context, Key, KeyId};
 use crate::keys::{CACHE_HITS, CHAIN, HASH_KEY, NOW_MS, PROMPT_TOKENS, SESSION_ID};
@@ -293,6 +293,9 @@ impl Registry {
             if m.block_size == 0 || m.step_tokens == 0 {
                 return Err("`block_size` and `step_tokens` must be positive".into());
             }
+            if m.tier_top_k > MAX_TIER_TOP_K {
+                return Err(format!("`tier_top_k` must be at most {MAX_TIER_TOP_K}"));
+            }
             let finite = [
                 m.step_ms,
                 m.token_us,
@@ -326,8 +329,11 @@ impl Registry {
         });
         r.register("smg-cache-aware", |p, _| {
             let c: SmgConfig = p.parse()?;
-            if !(0.0..=1.0).contains(&c.cache_threshold) || c.balance_rel_threshold.is_nan() {
+            if !(0.0..=1.0).contains(&c.cache_threshold) {
                 return Err("`cache_threshold` must be in 0..=1".into());
+            }
+            if !c.balance_rel_threshold.is_finite() || c.balance_rel_threshold < 0.0 {
+                return Err("`balance_rel_threshold` must be finite and >= 0".into());
             }
             Ok(Built::Picker(Box::new(SmgCacheAware::new(c))))
         });

@@ -22,4 +22,4 @@ pub use scorers::{
     CacheAwareCost, HashAffinity, LoadScorer, NoCacheSpread, PrefixCacheScorer, SessionAffinity,
     TierAwareScorer, TierWeights,
 };
-pub use ttft::{PredictedTtft, TtftModel};
+pub use ttft::{MAX_TIER_TOP_K, PredictedTtft, TtftModel};

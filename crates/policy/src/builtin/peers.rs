@@ -112,8 +112,8 @@ impl Picker for SmgCacheAware {
         if pods.is_empty() {
             return None;
         }
-        let processed = self.processed.lock();
-        let min_load = || {
+        let min_load = {
+            let processed = self.processed.lock();
             (0..pods.len()).min_by_key(|&i| {
                 (
                     pods[i].in_flight,
@@ -128,7 +128,7 @@ impl Picker for SmgCacheAware {
         if hi - lo > self.cfg.balance_abs_threshold
             && f64::from(hi) > self.cfg.balance_rel_threshold * f64::from(lo)
         {
-            return min_load();
+            return min_load;
         }
         let chain = ctx.get(CHAIN).map_or(&[][..], Vec::as_slice);
         let mut matches = Vec::new();
@@ -143,7 +143,7 @@ impl Picker for SmgCacheAware {
             return Some(i);
         }
         match self.cfg.fallback {
-            SmgFallback::MinLoad => min_load(),
+            SmgFallback::MinLoad => min_load,
             SmgFallback::SmallestTree => {
                 (0..pods.len()).min_by_key(|&i| (self.tree.pod_blocks(pods[i].id), i))
             }

@@ -41,9 +41,13 @@ pub struct TtftModel {
     /// more than twice the saving.
     pub compute_weight: f64,
     /// How many of the best-matching pods get their cache tiers read from
-    /// the index (0: every matched block counts as on the GPU).
+    /// the index (0: every matched block counts as on the GPU; at most
+    /// [`MAX_TIER_TOP_K`]: tier records are off the hot path).
     pub tier_top_k: usize,
 }
+
+/// The most pods [`PredictedTtft`] reads cache tiers for per decision.
+pub const MAX_TIER_TOP_K: usize = 4;
 
 impl Default for TtftModel {
     fn default() -> Self {
@@ -154,10 +158,10 @@ impl Scorer for PredictedTtft {
         let blocks = |p: &PodState| hits.map_or(0, |h| h.blocks(p.id)) as u64;
         // Host-memory hits of the best matches cost their load (read for a
         // few pods only: tier records are off the hot path).
-        let mut cpu = [(usize::MAX, 0u64); 4];
+        let mut cpu = [(usize::MAX, 0u64); MAX_TIER_TOP_K];
         let top_k = self.model.tier_top_k.min(cpu.len());
         if let (Some(index), Some(chain), true) = (&self.index, ctx.get(CHAIN), top_k > 0) {
-            let mut best: [(u64, usize); 4] = [(0, usize::MAX); 4];
+            let mut best = [(0u64, usize::MAX); MAX_TIER_TOP_K];
             for (i, p) in pods.iter().enumerate() {
                 let b = blocks(p);
                 if b > best[top_k - 1].0 {

@@ -123,6 +123,26 @@ fn bad_configs_are_refused_with_their_line() {
             "unknown variant",
         ),
         (
+            "[profiles.p]\ninputs = [\"prompt_tokens\", \"cache_hits\"]\npicker = { type = \"max-score\" }\nscorers = [{ type = \"predicted-ttft\", tier_top_k = 5 }]\n",
+            4,
+            "`tier_top_k` must be at most 4",
+        ),
+        (
+            "[profiles.p]\ninputs = [\"prompt_tokens\", \"cache_hits\"]\npicker = { type = \"max-score\" }\nscorers = [{ type = \"predicted-ttft\", token_us = -1.0 }]\n",
+            4,
+            "must be finite and >= 0",
+        ),
+        (
+            "[profiles.p]\ninputs = [\"chain\"]\nprepare = [{ type = \"speculative\", ttl_ms = 0 }]\npicker = { type = \"max-score\" }\n",
+            3,
+            "must be positive",
+        ),
+        (
+            "[profiles.p]\ninputs = [\"chain\"]\npicker = { type = \"smg-cache-aware\", cache_threshold = 1.5 }\n",
+            3,
+            "`cache_threshold` must be in 0..=1",
+        ),
+        (
             "[profiles.p]\npicker = { type = \"max-score\" }\nsorcerers = []\n",
             3,
             "unknown field `sorcerers`",
