@@ -35,8 +35,16 @@ for _ in range(300):
 sys.exit(1)
 PY
 }
+# Every server runs in its own process group (setsid): the peers' Python
+# launchers spawn router processes that outlive them and ignore SIGTERM, so
+# the whole group is stopped, then killed.
 pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; pids=(); }
+cleanup() {
+    for p in "${pids[@]}"; do kill -TERM -- "-$p" 2>/dev/null || true; done
+    sleep 0.5
+    for p in "${pids[@]}"; do kill -KILL -- "-$p" 2>/dev/null || true; done
+    pids=()
+}
 trap cleanup EXIT
 
 # A config of the bundled gateway with `gpu_blocks` set.
@@ -52,8 +60,9 @@ start_engines() {
     local port log
     port=$(free_port)
     log=$out/gateway-$port.log
-    ./target/release/examples/gateway --config "$1" --listen "127.0.0.1:$port" > "$log" 2>&1 &
+    setsid ./target/release/examples/gateway --config "$1" --listen "127.0.0.1:$port" > "$log" 2>&1 &
     pids+=($!)
+    disown
     GW_URL=http://127.0.0.1:$port
     # The pod list is printed once the gateway is up.
     for _ in $(seq 300); do
@@ -63,7 +72,8 @@ start_engines() {
     WORKERS=$(grep -o 'pod sim-[0-9]* *http://[0-9.:]*' "$log" | grep -o 'http://[0-9.:]*' | tr '\n' ' ')
 }
 
-# Starts one peer router in front of $WORKERS; prints its URL.
+# Starts one peer router in front of $WORKERS; sets PEER_URL. (Not run in a
+# command substitution: its subshell would keep the pid from cleanup.)
 start_peer() {
     local name=$1 port prom
     port=$(free_port)
@@ -74,12 +84,13 @@ start_peer() {
         vllm-router) mod=(-m vllm_router.launch_router) ;;
     esac
     # shellcheck disable=SC2086
-    "$venv/bin/python" "${mod[@]}" --worker-urls $WORKERS --policy cache_aware \
+    setsid "$venv/bin/python" "${mod[@]}" --worker-urls $WORKERS --policy cache_aware \
         --host 127.0.0.1 --port "$port" --prometheus-host 127.0.0.1 --prometheus-port "$prom" \
         > "$out/$name-$port.log" 2>&1 &
     pids+=($!)
-    wait_http "http://127.0.0.1:$port"
-    echo "http://127.0.0.1:$port"
+    disown
+    PEER_URL=http://127.0.0.1:$port
+    wait_http "$PEER_URL"
 }
 
 scenarios=(
@@ -107,9 +118,11 @@ for run in $(seq "$RUNS"); do
             fi
             for peer in smg sglang-router vllm-router; do
                 start_engines "$cfg"
-                urls=$(start_peer "$peer")
+                start_peer "$peer"
+                urls=$PEER_URL
                 if [ "$replicas" = 2 ]; then
-                    urls="$urls,$(start_peer "$peer")"
+                    start_peer "$peer"
+                    urls="$urls,$PEER_URL"
                 fi
                 # shellcheck disable=SC2086
                 ./target/release/examples/loadgen --url "$urls" --label "$peer" $extra | sed -n 3p || true
