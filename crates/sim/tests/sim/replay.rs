@@ -145,3 +145,58 @@ fn config_file_profiles_run_as_policies() {
     assert!(r.block_hit_rate > 0.0);
     assert!(policies::from_config("[profiles.x]\npicker = { type = \"nope\" }\n").is_err());
 }
+
+/// Request-order mode has no timing, so no load: before its load proxy a
+/// cache-seeking policy sent every request of a trace whose requests all
+/// share their first block to one pod. Now none may take over half, and
+/// conversations still find their history.
+#[test]
+fn request_order_mode_does_not_collapse_onto_one_pod() {
+    // 40 conversations of 10 turns, interleaved; every request starts with
+    // the same system-prompt block.
+    let mut trace = Vec::new();
+    for turn in 0..10u64 {
+        for conv in 0..40u64 {
+            let mut blocks = vec![1];
+            blocks.extend((0..=turn).map(|t| 1_000 * (conv + 1) + t));
+            trace.push(Request {
+                session: None,
+                ..req((turn * 40 + conv) as f64, &blocks)
+            });
+        }
+    }
+    let mut cfg = ClusterConfig::default();
+    cfg.pods = 4;
+    cfg.gpu_blocks = 1024;
+    cfg.request_order = true;
+    let (pooled, _) = bounds(&trace, &cfg);
+    let busiest_of = |name: &str| {
+        let p = policies::builtin(name).unwrap();
+        let r = Simulation::new(&trace, &cfg, &p).run(name, |_| {});
+        (*r.requests_per_pod.iter().max().unwrap(), r)
+    };
+    // The trace does pile up a policy whose cache credit outweighs the
+    // proxy's load: llm-d's formula (a shared first block scores 1 after
+    // min-max, prefix weighing 3 against the queue's 2) and SMG's (its
+    // balance gate needs 64 requests in flight) take it all to one pod.
+    for peer in ["llm-d", "smg-cache-aware"] {
+        let (busiest, _) = busiest_of(peer);
+        assert!(2 * busiest > trace.len(), "{peer} no longer collapses here");
+    }
+    for name in ["cache-aware", "cache-aware-approx", "dynamo"] {
+        let (busiest, r) = busiest_of(name);
+        assert!(
+            2 * busiest <= trace.len(),
+            "{name}: one pod took {busiest} of {}: {:?}",
+            trace.len(),
+            r.requests_per_pod
+        );
+        if name.starts_with("cache-aware") {
+            assert!(
+                r.block_hit_rate >= 0.9 * pooled,
+                "{name}: {:.3} of blocks against the pooled {pooled:.3}",
+                r.block_hit_rate
+            );
+        }
+    }
+}
