@@ -131,12 +131,17 @@ impl Picker for SmgCacheAware {
             return min_load;
         }
         let chain = ctx.get(CHAIN).map_or(&[][..], Vec::as_slice);
-        let mut matches = Vec::new();
-        self.tree.match_into(chain, now_ms(ctx), &mut matches);
-        let best = matches
-            .iter()
-            .filter_map(|&(pod, blocks)| Some((pods.iter().position(|p| p.id == pod)?, blocks)))
-            .max_by_key(|&(i, blocks)| (blocks, std::cmp::Reverse(i)));
+        let mut best: Option<(usize, u32)> = None;
+        self.tree.for_each_match(chain, now_ms(ctx), |pod, blocks| {
+            if let Some(i) = pods.iter().position(|p| p.id == pod) {
+                // Longest match; ties to the earlier candidate.
+                if best
+                    .is_none_or(|(j, b)| (blocks, std::cmp::Reverse(i)) > (b, std::cmp::Reverse(j)))
+                {
+                    best = Some((i, blocks));
+                }
+            }
+        });
         if let Some((i, blocks)) = best
             && f64::from(blocks) / chain.len().max(1) as f64 > self.cfg.cache_threshold
         {

@@ -99,9 +99,11 @@ struct Inner {
     sweep: Vec<PodId>,
     /// The next position of the sweep in `sweep`.
     cursor: usize,
-    /// Per query, each candidate's position in the answer, by slot (kept
-    /// between queries, reset after each, so a query allocates nothing).
+    /// Per query, each candidate's position in `found`, by slot, and the
+    /// answer being built (kept between queries, reset after each, so a
+    /// query allocates nothing).
     at: Vec<u32>,
+    found: Vec<(PodId, u32)>,
 }
 
 /// Other pods trimmed of expired registrations on each insertion.
@@ -217,6 +219,7 @@ impl RoutedChains {
                 sweep: Vec::new(),
                 cursor: 0,
                 at: Vec::new(),
+                found: Vec::new(),
             }),
         }
     }
@@ -289,12 +292,23 @@ impl RoutedChains {
     }
 
     /// Every pod's leading blocks of `chain` registered and live at `now`,
-    /// appended to `out` as `(pod, blocks)` (unordered, no zero entries).
+    /// into `out` (cleared first) as `(pod, blocks)`: unordered, no zero
+    /// entries.
     pub fn match_into(&self, chain: &[BlockHash], now: u64, out: &mut Vec<(PodId, u32)>) {
         out.clear();
+        self.for_each_match(chain, now, |pod, blocks| out.push((pod, blocks)));
+    }
+
+    /// Calls `f(pod, blocks)` for every pod holding a live registered
+    /// prefix of `chain` at `now`, under the table's lock (keep `f` short).
+    /// Allocates nothing once the table has answered a query as wide.
+    pub fn for_each_match(&self, chain: &[BlockHash], now: u64, mut f: impl FnMut(PodId, u32)) {
         let mut guard = self.inner.lock();
-        // Each candidate's position in `out`, by slot: one visit per holder.
-        let Inner { blocks, at, .. } = &mut *guard;
+        let Inner {
+            blocks, at, found, ..
+        } = &mut *guard;
+        found.clear();
+        // Each candidate's position in `found`, by slot: one visit per holder.
         for (depth, block) in chain.iter().enumerate() {
             let Some(holders) = blocks.get(block) else {
                 break;
@@ -306,12 +320,12 @@ impl RoutedChains {
                     if at.len() <= slot {
                         at.resize(slot + 1, u32::MAX);
                     }
-                    at[slot] = out.len() as u32;
-                    out.push((h.pod, 1));
+                    at[slot] = found.len() as u32;
+                    found.push((h.pod, 1));
                     open = true;
                 } else if let Some(m) = at
                     .get(slot)
-                    .and_then(|&k| out.get_mut(k as usize))
+                    .and_then(|&k| found.get_mut(k as usize))
                     .filter(|m| m.0 == h.pod && m.1 as usize == depth)
                 {
                     m.1 += 1;
@@ -322,8 +336,9 @@ impl RoutedChains {
                 break;
             }
         }
-        for m in out.iter() {
-            at[m.0.slot() as usize] = u32::MAX;
+        for &(pod, blocks) in found.iter() {
+            at[pod.slot() as usize] = u32::MAX;
+            f(pod, blocks);
         }
     }
 
@@ -396,21 +411,18 @@ impl Plugin for Speculative {
 impl Prepare for Speculative {
     fn prepare(&self, ctx: &mut Context, _: &[PodState]) {
         let now = now_ms(ctx);
-        let mut routed = Vec::new();
-        let chain_len = match ctx.get(CHAIN) {
-            Some(chain) => {
-                self.table.match_into(chain, now, &mut routed);
-                chain.len()
-            }
-            None => 0,
-        };
-        if ctx.get(CACHE_HITS).is_none() {
-            ctx.insert(CACHE_HITS, CacheHits::empty(chain_len));
+        let chain_len = ctx.get(CHAIN).map_or(0, Vec::len);
+        // Taken out while the chain is borrowed, put back raised (into the
+        // same slot: no allocation when `prefix-match` made it).
+        let had = ctx.get_mut(CACHE_HITS).map(std::mem::take);
+        let mut hits = had.unwrap_or_else(|| CacheHits::empty(chain_len));
+        if let Some(chain) = ctx.get(CHAIN) {
+            self.table
+                .for_each_match(chain, now, |pod, blocks| hits.raise(pod, blocks));
         }
-        if let Some(hits) = ctx.get_mut(CACHE_HITS) {
-            for (pod, blocks) in routed {
-                hits.raise(pod, blocks);
-            }
+        match ctx.get_mut(CACHE_HITS) {
+            Some(slot) => *slot = hits,
+            None => ctx.insert(CACHE_HITS, hits),
         }
     }
 }
