@@ -22,6 +22,9 @@ commands from stdin, one per line:
       drop: buffer the batch for replay but do not send it (a lost message)
   {"op": "raw", "pod": 0, "payload_hex": ".."}    a garbage payload, next seq
   {"op": "frames", "pod": 0, "frames_hex": [..]}  arbitrary frames, no seq
+  {"op": "restart", "pod": 0}   the engine restarts: its publisher is closed
+                                 and bound again on the same port, its
+                                 sequence starts from 0, its buffer is empty
   {"op": "sync"}                                  prints "ok" when done
   {"op": "quit"}
 
@@ -176,6 +179,21 @@ def main():
                 del buffers[i][:-args.buffer]
             if not cmd.get("drop"):
                 pubs[i].send_multipart([topic, s.to_bytes(8, "big"), payload])
+        elif op == "restart":
+            endpoint = endpoints[i]["pub"]
+            pubs[i].close(linger=0)
+            for _ in range(100):
+                try:
+                    pub = ctx.socket(zmq.PUB)
+                    pub.bind(endpoint)
+                    break
+                except zmq.ZMQError:
+                    pub.close(linger=0)
+                    time.sleep(0.02)
+            pubs[i] = pub
+            with lock:
+                seqs[i] = 0
+                buffers[i].clear()
         elif op == "raw":
             s = next_seq(i)
             pubs[i].send_multipart([topic, s.to_bytes(8, "big"), bytes.fromhex(cmd["payload_hex"])])

@@ -49,6 +49,18 @@ pub fn tier_of(medium: Option<&str>) -> Option<Tier> {
     }
 }
 
+/// One block as a snapshot keeps it: the engine's hash, the router's, and
+/// the tiers holding it (bit `t` for [`Tier`] `t`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KnownBlock {
+    /// The engine's block hash.
+    pub engine: u64,
+    /// The router's hash of the same block.
+    pub router: BlockHash,
+    /// Tier bits.
+    pub tiers: u8,
+}
+
 /// What the router knows of one engine block.
 #[derive(Clone, Copy, Debug)]
 struct Known {
@@ -141,6 +153,69 @@ impl<H: BlockHasher, S: CacheEventSink> Ingestor<H, S> {
             }
         }
         c
+    }
+
+    /// Clears `pod`'s resynchronisation mark (after a replay from the
+    /// engine's oldest batch).
+    pub fn clear_resync(&mut self, pod: PodId) {
+        if let Some(p) = self.pods.get_mut(&pod) {
+            p.needs_resync = false;
+        }
+    }
+
+    /// Everything known of `pod`'s blocks, for a snapshot (in no order).
+    pub fn export_pod(&self, pod: PodId) -> Vec<KnownBlock> {
+        self.pods.get(&pod).map_or_else(Vec::new, |p| {
+            p.blocks
+                .iter()
+                .map(|(&engine, k)| KnownBlock {
+                    engine,
+                    router: k.router,
+                    tiers: k.tiers,
+                })
+                .collect()
+        })
+    }
+
+    /// Replaces what is known of `pod` with `blocks` (a snapshot): clears
+    /// the pod in the sink, then stores each block in each of its tiers.
+    /// Returns the blocks imported.
+    pub fn import_pod(&mut self, pod: PodId, blocks: &[KnownBlock]) -> usize {
+        self.reset_pod(pod);
+        let state = self.pods.entry(pod).or_default();
+        state.blocks.reserve(blocks.len());
+        let mut per_tier: [Vec<BlockHash>; 4] = Default::default();
+        for b in blocks {
+            let tiers = b.tiers & 0b1111;
+            if tiers == 0 {
+                continue;
+            }
+            state.blocks.insert(
+                b.engine,
+                Known {
+                    router: b.router,
+                    tiers,
+                },
+            );
+            for t in Tier::ALL {
+                if tiers & (1 << t as u8) != 0 {
+                    per_tier[t as usize].push(b.router);
+                }
+            }
+        }
+        let imported = state.blocks.len();
+        for t in Tier::ALL {
+            let blocks = std::mem::take(&mut per_tier[t as usize]);
+            if blocks.is_empty() {
+                continue;
+            }
+            self.send(CacheEvent::Stored {
+                pod,
+                tier: t,
+                blocks,
+            });
+        }
+        imported
     }
 
     /// Forgets a pod that left (its index state goes with its shutdown).

@@ -41,9 +41,13 @@ mod decode;
 mod error;
 mod ingest;
 mod msgpack;
+mod sequence;
 mod subscriber;
 
 pub use decode::{BlockRemoved, BlockStored, EngineEvent, EventBatch, decode_batch};
 pub use error::DecodeError;
-pub use ingest::{IngestStats, Ingestor, tier_of};
-pub use subscriber::{PodHealth, PodStream, StreamStats, Subscriber};
+pub use ingest::{IngestStats, Ingestor, KnownBlock, tier_of};
+pub use sequence::{Sequencer, Verdict};
+pub use subscriber::{
+    BatchSink, ClearHook, ClearReason, PodHealth, PodStream, StreamStats, Subscriber,
+};

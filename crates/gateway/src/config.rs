@@ -109,6 +109,11 @@ pub struct GatewayConfig {
     /// Failed probes in a row before a pod is taken out.
     #[serde(default = "default_unhealthy_after")]
     pub unhealthy_after: u32,
+    /// How long an unhealthy pod keeps its record, in ms: back within it,
+    /// it is routed on what it held (once its stream shows the same
+    /// engine); past it, it leaves the index and rejoins empty.
+    #[serde(default = "default_unhealthy_grace")]
+    pub unhealthy_grace_ms: u64,
     /// Approximate mode, for pods without `events`: how long a chain routed
     /// to such a pod counts as cached there, in ms.
     #[serde(default = "default_approx_ttl")]
@@ -240,6 +245,9 @@ fn default_health_interval() -> u64 {
 }
 fn default_unhealthy_after() -> u32 {
     2
+}
+fn default_unhealthy_grace() -> u64 {
+    30_000
 }
 fn default_approx_ttl() -> u64 {
     300_000

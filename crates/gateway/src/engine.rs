@@ -128,6 +128,7 @@ impl EngineConfig {
 /// A running simulated engine.
 #[derive(Debug)]
 pub struct SimEngine {
+    config: EngineConfig,
     active: Arc<AtomicUsize>,
     url: String,
     events: String,
@@ -139,8 +140,46 @@ pub struct SimEngine {
 impl SimEngine {
     /// Starts an engine on loopback (HTTP, PUB and ROUTER on free ports).
     pub fn start(config: EngineConfig) -> Result<SimEngine, Error> {
-        let listener = std::net::TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
-            .map_err(|e| bind_err("127.0.0.1:0", &e))?;
+        Self::start_at(config, None)
+    }
+
+    /// Restarts the engine as a crash and a supervisor would: killed, then
+    /// started again on the same addresses with an empty cache, its event
+    /// sequence from 0 and an empty replay buffer.
+    pub fn restart(&mut self) -> Result<(), Error> {
+        self.kill();
+        let http: SocketAddr = self
+            .url
+            .trim_start_matches("http://")
+            .parse()
+            .map_err(|e| bind_err(&self.url, &e))?;
+        let at = (http, self.events.clone(), self.replay.clone());
+        // The ports were just released; binding again can race the close.
+        let mut tries = 0;
+        let fresh = loop {
+            match Self::start_at(self.config.clone(), Some(at.clone())) {
+                Ok(e) => break e,
+                Err(_) if tries < 50 => {
+                    tries += 1;
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        *self = fresh;
+        Ok(())
+    }
+
+    fn start_at(
+        config: EngineConfig,
+        at: Option<(SocketAddr, String, String)>,
+    ) -> Result<SimEngine, Error> {
+        let http_at = at
+            .as_ref()
+            .map_or(SocketAddr::from(([127, 0, 0, 1], 0)), |a| a.0);
+        let zmq_at = at.map(|a| (a.1, a.2));
+        let listener =
+            std::net::TcpListener::bind(http_at).map_err(|e| bind_err(&http_at.to_string(), &e))?;
         listener
             .set_nonblocking(true)
             .map_err(|e| bind_err("127.0.0.1:0", &e))?;
@@ -155,11 +194,12 @@ impl SimEngine {
         let active = Arc::new(AtomicUsize::new(0));
         let active_in = active.clone();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let kept = config.clone();
         let thread = std::thread::Builder::new()
             .name(format!("sim-engine-{}", http.port()))
             .spawn(move || {
                 rt.block_on(async move {
-                    match run(config, listener, active_in).await {
+                    match run(config, listener, active_in, zmq_at).await {
                         Ok((events, replay, tasks)) => {
                             let _ = ready_tx.send(Ok((events, replay)));
                             // Runs until killed; dropping the runtime then
@@ -176,6 +216,7 @@ impl SimEngine {
             .map_err(|e| bind_err("engine thread", &e))?;
         let (events, replay) = ready_rx.recv().map_err(|e| bind_err("engine", &e))??;
         Ok(SimEngine {
+            config: kept,
             active,
             url: format!("http://{http}"),
             events,
@@ -248,17 +289,20 @@ async fn run(
     cfg: EngineConfig,
     listener: std::net::TcpListener,
     active: Arc<AtomicUsize>,
+    at: Option<(String, String)>,
 ) -> Result<(String, String, Tasks), Error> {
     let listener = tokio::net::TcpListener::from_std(listener).map_err(|e| bind_err("http", &e))?;
+    let (events_at, replay_at) =
+        at.unwrap_or_else(|| ("tcp://127.0.0.1:0".into(), "tcp://127.0.0.1:0".into()));
     let mut publisher = PubSocket::new();
     let events = publisher
-        .bind("tcp://127.0.0.1:0")
+        .bind(&events_at)
         .await
         .map_err(|e| bind_err("events", &e))?
         .to_string();
     let mut router = RouterSocket::new();
     let replay = router
-        .bind("tcp://127.0.0.1:0")
+        .bind(&replay_at)
         .await
         .map_err(|e| bind_err("replay", &e))?
         .to_string();

@@ -44,6 +44,10 @@ pub struct Metrics {
     pub(crate) event_lag_seconds: Gauge,
     pub(crate) event_lag_max_seconds: Gauge,
     pub(crate) event_gaps: IntCounter,
+    pub(crate) engine_restarts: IntCounter,
+    pub(crate) pod_resets: IntCounter,
+    pub(crate) event_recovered: IntCounter,
+    pub(crate) pod_blocks: IntGaugeVec,
     pub(crate) event_replayed: IntCounter,
     pub(crate) pod_in_flight: IntGaugeVec,
     pub(crate) pod_queued_prefill_tokens: IntGaugeVec,
@@ -152,6 +156,29 @@ impl Metrics {
                 "Sequence gaps in engine event streams.",
             )
             .expect("valid"),
+            engine_restarts: IntCounter::new(
+                "cache_router_engine_restarts_total",
+                "Engine restarts detected on event streams (the pod's record was cleared).",
+            )
+            .expect("valid"),
+            pod_resets: IntCounter::new(
+                "cache_router_pod_resets_total",
+                "Pods cleared because lost batches could not be replayed or a returning engine could not be verified.",
+            )
+            .expect("valid"),
+            event_recovered: IntCounter::new(
+                "cache_router_event_recovered_total",
+                "Event batches applied from replays of an engine's whole buffer (start, restart, return, unknown parents).",
+            )
+            .expect("valid"),
+            pod_blocks: IntGaugeVec::new(
+                Opts::new(
+                    "cache_router_pod_blocks",
+                    "Blocks the index holds per pod (any tier).",
+                ),
+                &["pod"],
+            )
+            .expect("valid"),
             event_replayed: IntCounter::new(
                 "cache_router_event_replayed_total",
                 "Event batches recovered through replay.",
@@ -195,7 +222,7 @@ impl Metrics {
                 .expect("valid"),
         };
         let r = &m.registry;
-        let all: [Box<dyn prometheus::core::Collector>; 23] = [
+        let all: [Box<dyn prometheus::core::Collector>; 27] = [
             Box::new(m.requests.clone()),
             Box::new(m.errors.clone()),
             Box::new(m.decision_seconds.clone()),
@@ -213,6 +240,10 @@ impl Metrics {
             Box::new(m.event_lag_max_seconds.clone()),
             Box::new(m.event_gaps.clone()),
             Box::new(m.event_replayed.clone()),
+            Box::new(m.engine_restarts.clone()),
+            Box::new(m.pod_resets.clone()),
+            Box::new(m.event_recovered.clone()),
+            Box::new(m.pod_blocks.clone()),
             Box::new(m.pod_in_flight.clone()),
             Box::new(m.pod_queued_prefill_tokens.clone()),
             Box::new(m.pod_healthy.clone()),

@@ -1,16 +1,19 @@
 //! The gateway's pods: joined to the index, followed for events, known to
 //! the fleet and the HTTP backend, probed for health; changed at run time.
 //!
-//! A pod that fails its probes `unhealthy_after` times in a row is taken
-//! out: marked unhealthy in the fleet (the `health` filter drops it) and
-//! shut down in the index (it leaves every query at once; its blocks are
-//! swept). When it answers again it rejoins under a new id with an empty
-//! record: whatever it cached before is unknown, and its new events
-//! rebuild it. A pod removed from the configuration leaves the same way.
+//! A pod that fails its probes `unhealthy_after` times in a row is marked
+//! unhealthy in the fleet at once (the `health` filter drops it) but keeps
+//! its record: a stall is not a restart. When it answers again within
+//! `unhealthy_grace_ms` it is routed to again after its stream is checked
+//! ([`Subscriber::recheck`]: a restarted engine's pod is cleared and
+//! refilled from its buffer; one that cannot be verified is cleared). Past
+//! the grace period it is shut down in the index (it leaves every query;
+//! its blocks are swept) and rejoins under a new id with an empty record
+//! when it answers. A pod removed from the configuration leaves at once.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use router_core::{PodDirectory, PodId, PodKey};
@@ -37,6 +40,8 @@ pub struct PodView {
     pub healthy: bool,
     /// Whether the index reports it (false once taken out).
     pub in_index: bool,
+    /// Blocks the index holds for it, any tier (0 once taken out).
+    pub blocks: u64,
 }
 
 #[derive(Debug)]
@@ -45,6 +50,10 @@ struct Entry {
     id: PodId,
     healthy: bool,
     failed_probes: u32,
+    /// When it was marked unhealthy (its record kept for the grace period).
+    unhealthy_since: Option<Instant>,
+    /// Whether it was shut down in the index (past the grace period).
+    out: bool,
 }
 
 /// The pod set.
@@ -158,6 +167,8 @@ impl Pods {
                 id,
                 healthy: true,
                 failed_probes: 0,
+                unhealthy_since: None,
+                out: false,
             },
         );
         Ok(id)
@@ -212,6 +223,7 @@ impl Pods {
                 id: e.id.to_string(),
                 healthy: e.healthy,
                 in_index: self.index.pod_key(e.id).is_some(),
+                blocks: self.index.pod_blocks(e.id).unwrap_or(0),
             })
             .collect()
     }
@@ -245,45 +257,67 @@ impl Pods {
         total
     }
 
-    /// Records one probe of `name`: takes the pod out after enough
-    /// failures, brings it back on success.
-    pub(crate) fn probed(&self, name: &str, ok: bool, unhealthy_after: u32) {
+    /// Records one probe of `name`: filters the pod out after enough
+    /// failures, takes it out of the index after the grace period, brings
+    /// it back on success.
+    pub(crate) fn probed(&self, name: &str, ok: bool, unhealthy_after: u32, grace: Duration) {
         let mut entries = self.entries.lock();
         let Some(e) = entries.get_mut(name) else {
             return; // removed meanwhile
         };
         if ok {
             e.failed_probes = 0;
-            if !e.healthy {
-                let old = e.id;
-                self.fleet.remove(old);
-                self.backend.remove(old);
-                match self.join(&e.config) {
-                    Ok(id) => {
-                        e.id = id;
-                        e.healthy = true;
-                        eprintln!("router-gateway: pod {name} is back as {id}");
-                    }
-                    Err(err) => {
-                        // Keep it out; the next probe tries again.
-                        self.fleet.upsert({
-                            let mut s = PodState::new(old, e.config.role);
-                            s.healthy = false;
-                            s
-                        });
-                        eprintln!("router-gateway: pod {name} cannot rejoin: {err}");
-                    }
+            if e.healthy {
+                return;
+            }
+            e.unhealthy_since = None;
+            if !e.out {
+                // Back within the grace period: its record stands once its
+                // stream shows the same engine (a restarted one is cleared).
+                e.healthy = true;
+                self.subscriber.recheck(e.id);
+                self.fleet.set_health(e.id, true);
+                eprintln!("router-gateway: pod {name} is back; its record is kept");
+                return;
+            }
+            let old = e.id;
+            self.fleet.remove(old);
+            self.backend.remove(old);
+            match self.join(&e.config) {
+                Ok(id) => {
+                    e.id = id;
+                    e.healthy = true;
+                    e.out = false;
+                    eprintln!("router-gateway: pod {name} is back as {id}");
+                }
+                Err(err) => {
+                    // Keep it out; the next probe tries again.
+                    self.fleet.upsert({
+                        let mut s = PodState::new(old, e.config.role);
+                        s.healthy = false;
+                        s
+                    });
+                    eprintln!("router-gateway: pod {name} cannot rejoin: {err}");
                 }
             }
             return;
         }
-        e.failed_probes += 1;
+        e.failed_probes = e.failed_probes.saturating_add(1);
         if e.healthy && e.failed_probes >= unhealthy_after {
             e.healthy = false;
+            e.unhealthy_since = Some(Instant::now());
+            self.fleet.set_health(e.id, false);
+            eprintln!(
+                "router-gateway: pod {name} failed {} probes: not routed to; its record is kept for {} ms",
+                e.failed_probes,
+                grace.as_millis()
+            );
+        }
+        if !e.healthy && !e.out && e.unhealthy_since.is_some_and(|t| t.elapsed() >= grace) {
+            e.out = true;
             self.leave(e.id, true);
             eprintln!(
-                "router-gateway: pod {name} failed {} probes: out of the index",
-                e.failed_probes
+                "router-gateway: pod {name} stayed unhealthy past its grace period: out of the index"
             );
         }
     }
@@ -304,6 +338,7 @@ pub(crate) async fn probe_loop(
     client: reqwest::Client,
     interval: Duration,
     unhealthy_after: u32,
+    grace: Duration,
 ) {
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -323,7 +358,7 @@ pub(crate) async fn probe_loop(
             }
         });
         for (name, ok) in futures::future::join_all(probes).await {
-            pods.probed(&name, ok, unhealthy_after);
+            pods.probed(&name, ok, unhealthy_after, grace);
         }
     }
 }
@@ -350,16 +385,35 @@ mod tests {
     }
 
     #[test]
+    fn an_unhealthy_pod_keeps_its_record_for_the_grace_period() {
+        let pods = pods();
+        let first = pods.add(PodConfig::new("a", "http://127.0.0.1:1")).unwrap();
+        let view = |p: &Pods| p.views().remove(0);
+        let grace = Duration::from_secs(3600);
+        pods.probed("a", false, 2, grace);
+        pods.probed("a", false, 2, grace);
+        let v = view(&pods);
+        assert!(!v.healthy && v.in_index, "filtered out, record kept: {v:?}");
+        assert!(!pods.fleet.get(first).unwrap().healthy);
+        pods.probed("a", true, 2, grace);
+        let v = view(&pods);
+        assert!(v.healthy && v.in_index);
+        assert_eq!(pods.ids()[0].1, first, "the same id: its record stands");
+        assert!(pods.fleet.get(first).unwrap().healthy);
+    }
+
+    #[test]
     fn a_pod_failing_its_probes_leaves_and_rejoins_under_a_new_id() {
         let pods = pods();
         let first = pods.add(PodConfig::new("a", "http://127.0.0.1:1")).unwrap();
         let view = |p: &Pods| p.views().remove(0);
-        pods.probed("a", false, 2);
+        let grace = Duration::ZERO;
+        pods.probed("a", false, 2, grace);
         assert!(
             view(&pods).healthy && view(&pods).in_index,
             "one failure is not enough"
         );
-        pods.probed("a", false, 2);
+        pods.probed("a", false, 2, grace);
         assert!(
             !view(&pods).healthy && !view(&pods).in_index,
             "out of the index"
@@ -368,7 +422,7 @@ mod tests {
             !pods.fleet.get(first).unwrap().healthy,
             "the health filter drops it"
         );
-        pods.probed("a", true, 2);
+        pods.probed("a", true, 2, grace);
         let back = view(&pods);
         assert!(back.healthy && back.in_index);
         let now = pods.ids()[0].1;

@@ -270,13 +270,15 @@ impl Gateway {
             .get()
             .cloned()
             .unwrap_or_else(|| Arc::new(CircuitBreaker::new(BreakerConfig::default())));
+        let forget = routed.clone();
         let subscriber = Subscriber::new(
             Arc::new(hasher),
             index.clone(),
             index.clone(),
             Some(g.model.clone()),
             g.block_size,
-        );
+        )
+        .on_clear(Arc::new(move |pod, _| forget.remove_pod(pod)));
         let fleet = Arc::new(Fleet::new());
         let backend = Arc::new(
             HttpBackend::new(Duration::from_millis(g.connect_timeout_ms)).map_err(|e| {
@@ -348,6 +350,7 @@ impl Gateway {
                 probe_client,
                 Duration::from_millis(g.health_interval_ms.max(10)),
                 g.unhealthy_after.max(1),
+                Duration::from_millis(g.unhealthy_grace_ms),
             )),
         ];
         // ZeroMQ's slow joiner: a PUB drops what it sends before the SUB's
@@ -468,6 +471,9 @@ async fn metrics(State(s): State<Arc<AppState>>) -> Response {
     raise(&m.events_applied, ingest.events_applied);
     raise(&m.event_gaps, stream.gaps);
     raise(&m.event_replayed, stream.replayed);
+    raise(&m.engine_restarts, stream.restarts);
+    raise(&m.pod_resets, stream.resets);
+    raise(&m.event_recovered, stream.recovered);
     for (reason, n) in [
         ("unknown_parent", ingest.unknown_parent),
         ("other_group", ingest.other_group),
@@ -488,6 +494,7 @@ async fn metrics(State(s): State<Arc<AppState>>) -> Response {
     m.pod_queued_prefill_tokens.reset();
     m.pod_healthy.reset();
     m.pod_breaker_open.reset();
+    m.pod_blocks.reset();
     for (name, id, healthy) in s.pods.ids() {
         let st = s.pods.fleet.get(id);
         let gauge = |g: &prometheus::IntGaugeVec, v: i64| g.with_label_values(&[&name]).set(v);
@@ -501,6 +508,13 @@ async fn metrics(State(s): State<Arc<AppState>>) -> Response {
                 .map_or(0, |p| p.queued_prefill_tokens.min(i64::MAX as u64) as i64),
         );
         gauge(&m.pod_healthy, i64::from(healthy));
+        gauge(
+            &m.pod_blocks,
+            s.pods
+                .index
+                .pod_blocks(id)
+                .map_or(0, |b| b.min(i64::MAX as u64) as i64),
+        );
         gauge(&m.pod_breaker_open, i64::from(s.breaker.is_tripped(id)));
     }
     let is = s.pods.index.stats();

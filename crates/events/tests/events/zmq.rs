@@ -249,3 +249,105 @@ async fn vllm_array_encoding_with_the_older_replay_layout() {
 async fn sglang_map_encoding_with_its_medium_names() {
     scenario("map", "new", "CPU_PINNED").await;
 }
+
+/// Waits until `f` holds (10 s at most), sending `nudge` meanwhile.
+async fn until(what: &str, mut f: impl FnMut() -> bool, mut nudge: impl FnMut()) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !f() {
+        assert!(Instant::now() < deadline, "after 10 s: {what}");
+        nudge();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_warm_engine_is_learned_at_start_and_a_restarted_one_is_cleared() {
+    let mut publisher = Publisher::start(&["--pods", "1"]);
+    let (ep, replay) = publisher.endpoints[0].clone();
+    // A warm engine: it cached a chain before the router started (the live
+    // batches reached nobody; its replay buffer holds them).
+    let p = |events: Vec<Value>| json!({"op": "batch", "pod": 0, "events": events});
+    publisher.send(p(vec![stored(&[101, 102], None, 1..9)]));
+    publisher.send(p(vec![stored(&[103], Some(102), 9..13)]));
+    publisher.sync();
+
+    let index = Index::<4>::new(IndexConfig::default());
+    let a = index.join(&PodKey::new("engine-a", 0)).unwrap();
+    let sub = Subscriber::new(
+        Arc::new(ChainHasher::new(4).unwrap()),
+        index.clone(),
+        index.clone(),
+        Some("m".into()),
+        4,
+    );
+    sub.add(PodStream::new(a, ep).replay(replay).topic("kv-events"));
+    until(
+        "the start-up replay",
+        || index.pod_blocks(a) == Some(3),
+        || {},
+    )
+    .await;
+    assert_eq!(index.match_prefix(&chain(1..13)).blocks_for(a), 3);
+    assert_eq!(sub.stream_stats().recovered, 2, "{:?}", sub.stream_stats());
+
+    // Live batches continue the sequence.
+    publisher.send(p(vec![stored(&[104], Some(103), 13..17)]));
+    publisher.sync();
+    until("a live batch", || index.pod_blocks(a) == Some(4), || {}).await;
+
+    // The pod was unhealthy and answers again: the same engine, whose
+    // buffer still holds the last batch applied. Nothing is cleared.
+    assert!(sub.recheck(a));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let s = sub.stream_stats();
+    assert_eq!((s.restarts, s.resets, s.stale), (0, 0, 0), "{s:?}");
+    assert_eq!(index.pod_blocks(a), Some(4));
+
+    // The engine restarts (new publisher, sequence from 0, empty cache) and
+    // stores a new chain: the old record goes when the connection is made
+    // again (the new buffer lacks the last batch applied) or at its first
+    // batch (the sequence went backwards on a newer batch), whichever
+    // comes first.
+    publisher.send(json!({"op": "restart", "pod": 0}));
+    publisher.sync();
+    until(
+        "the restart is seen",
+        || sub.stream_stats().restarts == 1,
+        || {
+            publisher.send(p(vec![stored(&[501], None, 500..504)]));
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        index.match_prefix(&chain(1..17)).blocks_for(a),
+        0,
+        "nothing of the old engine's cache is routed on"
+    );
+    assert_eq!(index.match_prefix(&chain(500..504)).blocks_for(a), 1);
+    assert_eq!(index.pod_blocks(a), Some(1));
+
+    // It restarts again while unhealthy and caches a chain no live batch
+    // carried: on its return, the recheck finds a different engine, clears
+    // the pod and refills it from the new engine's buffer.
+    publisher.send(json!({"op": "restart", "pod": 0}));
+    publisher.send(
+        json!({"op": "batch", "pod": 0, "events": [stored(&[601], None, 600..604)], "drop": true}),
+    );
+    publisher.sync();
+    assert!(sub.recheck(a));
+    until(
+        "the recheck sees the second restart",
+        || sub.stream_stats().restarts == 2,
+        || {},
+    )
+    .await;
+    until(
+        "the new engine's buffer is applied",
+        || index.match_prefix(&chain(600..604)).blocks_for(a) == 1,
+        || {},
+    )
+    .await;
+    assert_eq!(index.match_prefix(&chain(500..504)).blocks_for(a), 0);
+    assert_eq!(index.pod_blocks(a), Some(1));
+}

@@ -3,6 +3,7 @@
 
 mod bad_input;
 mod config;
+mod lifecycle;
 mod routing;
 mod wire;
 

@@ -245,7 +245,12 @@ async fn a_client_going_away_cancels_the_engine_request() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_pod_fails_over_and_leaves_the_index() {
-    let mut gw = gateway(4, "unhealthy_after = 2", "time_scale = 0.5").await;
+    let mut gw = gateway(
+        4,
+        "unhealthy_after = 2\nunhealthy_grace_ms = 3000",
+        "time_scale = 0.5",
+    )
+    .await;
     let mut messages = vec![
         json!({"role": "system", "content": system_prompt(7, 300)}),
         json!({"role": "user", "content": "First question?"}),
@@ -284,9 +289,20 @@ async fn a_killed_pod_fails_over_and_leaves_the_index() {
     assert_eq!(next.status, 200, "{:?}", next.body);
     assert_ne!(next.pod.as_deref(), Some(home.as_str()));
 
-    // The probes take it out of the index.
+    // The probes filter it out at once, and take it out of the index once
+    // its grace period has passed.
     eventually(
         Duration::from_secs(5),
+        "the dead pod is filtered out, its record kept",
+        || async {
+            gw.pods()
+                .iter()
+                .any(|p| p.config.name == home && !p.healthy && p.in_index)
+        },
+    )
+    .await;
+    eventually(
+        Duration::from_secs(10),
         "the dead pod leaves the index",
         || async {
             gw.pods()
