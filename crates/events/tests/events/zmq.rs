@@ -4,8 +4,6 @@
 //! and duplicates for two pods; a lost batch healed by replay; a gap beyond
 //! the replay buffer that clears the pod; malformed frames and payloads.
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -13,82 +11,8 @@ use router_core::{BlockHash, Namespace, PodDirectory, PodKey, PrefixIndex, TierC
 use router_events::{PodHealth, PodStream, Subscriber};
 use router_hash::ChainHasher;
 use router_index::{Index, IndexConfig};
+use router_test_support::KvPublisher as Publisher;
 use serde_json::{Value, json};
-
-struct Publisher {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-    endpoints: Vec<(String, String)>,
-}
-
-impl Publisher {
-    fn start(args: &[&str]) -> Publisher {
-        let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
-        let python = format!("{root}/.venv/bin/python");
-        assert!(
-            std::path::Path::new(&python).exists(),
-            "{python} is missing: run scripts/test.sh (it sets up the venv with pyzmq and msgspec)"
-        );
-        let mut child = Command::new(python)
-            .arg(format!("{root}/scripts/kv_publisher.py"))
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("the publisher starts");
-        let stdin = child.stdin.take().unwrap();
-        let mut stdout = BufReader::new(child.stdout.take().unwrap());
-        let mut line = String::new();
-        stdout.read_line(&mut line).unwrap();
-        let v: Value = serde_json::from_str(&line).unwrap();
-        let endpoints = v["pods"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|p| {
-                (
-                    p["pub"].as_str().unwrap().to_owned(),
-                    p["replay"].as_str().unwrap().to_owned(),
-                )
-            })
-            .collect();
-        Publisher {
-            child,
-            stdin,
-            stdout,
-            endpoints,
-        }
-    }
-
-    fn send(&mut self, cmd: Value) {
-        writeln!(self.stdin, "{cmd}").unwrap();
-        self.stdin.flush().unwrap();
-    }
-
-    fn sync(&mut self) {
-        self.send(json!({"op": "sync"}));
-        let mut line = String::new();
-        self.stdout.read_line(&mut line).unwrap();
-        assert_eq!(line.trim(), "ok");
-    }
-}
-
-impl Drop for Publisher {
-    fn drop(&mut self) {
-        let _ = writeln!(self.stdin, "{}", json!({"op": "quit"}));
-        let _ = self.stdin.flush();
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn stored(hashes: &[u64], parent: Option<u64>, tokens: std::ops::Range<u32>) -> Value {
     json!({"kind": "stored", "hashes": hashes, "parent": parent, "tokens": tokens.collect::<Vec<_>>(), "block_size": 4})

@@ -193,7 +193,12 @@ impl Inner {
 /// compacted once it outgrows them.
 pub struct RoutedChains {
     inner: Mutex<Inner>,
+    observer: parking_lot::RwLock<Option<RoutedObserver>>,
 }
+
+/// Told of every registration made through [`RoutedChains::insert`] (not
+/// [`RoutedChains::insert_remote`]): how router replicas share them.
+pub type RoutedObserver = Arc<dyn Fn(PodId, &[BlockHash]) + Send + Sync>;
 
 impl fmt::Debug for RoutedChains {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -221,7 +226,19 @@ impl RoutedChains {
                 at: Vec::new(),
                 found: Vec::new(),
             }),
+            observer: parking_lot::RwLock::new(None),
         }
+    }
+
+    /// Calls `observer` after every local registration (`None`: no one).
+    pub fn set_observer(&self, observer: Option<RoutedObserver>) {
+        *self.observer.write() = observer;
+    }
+
+    /// Registers `chain` as routed to `pod` by another router replica
+    /// (the observer is not told).
+    pub fn insert_remote(&self, pod: PodId, chain: &[BlockHash], now: u64) {
+        self.register(pod, chain, now);
     }
 
     /// Changes how pods without their own memory remember from now on
@@ -236,8 +253,16 @@ impl RoutedChains {
         self.inner.lock().log(pod).memory = memory;
     }
 
-    /// Registers `chain` as routed to `pod` at `now` (ms).
+    /// Registers `chain` as routed to `pod` at `now` (ms), and tells the
+    /// observer, if any.
     pub fn insert(&self, pod: PodId, chain: &[BlockHash], now: u64) {
+        self.register(pod, chain, now);
+        if let Some(observer) = self.observer.read().as_ref() {
+            observer(pod, chain);
+        }
+    }
+
+    fn register(&self, pod: PodId, chain: &[BlockHash], now: u64) {
         let mut inner = self.inner.lock();
         let memory = inner.log(pod).memory;
         let expiry = now.saturating_add(memory.ttl_ms);

@@ -1,0 +1,85 @@
+//! Snapshot cost for 1M blocks across 64 pods: encode, decode, and
+//! import into `router-index` (what a starting replica does before it
+//! replays the stream). The NATS object-store round trip is measured by
+//! `examples/replicas.rs --snapshot-bench` against a real server.
+
+use std::hint::black_box;
+use std::sync::Arc;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use router_core::{BlockHash, CacheEventSink, PodDirectory, PodKey};
+use router_events::{Ingestor, KnownBlock};
+use router_index::{Index, IndexConfig};
+use router_nats::{PodSnapshot, Snapshot};
+
+const PODS: usize = 64;
+const BLOCKS: usize = 1 << 20;
+
+fn mix(mut x: u64) -> u64 {
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    x ^= x >> 33;
+    x
+}
+
+fn snapshot() -> Snapshot {
+    let per = BLOCKS / PODS;
+    Snapshot {
+        stream_seq: 123_456,
+        pods: (0..PODS)
+            .map(|p| PodSnapshot {
+                name: format!("pod-{p}"),
+                expected: Some(10_000),
+                last_ts: 1.7e9,
+                blocks: (0..per)
+                    .map(|i| {
+                        let k = (p * per + i) as u64;
+                        KnownBlock {
+                            engine: mix(k),
+                            // Pods share half their blocks, as a fleet
+                            // serving common prefixes does.
+                            router: BlockHash(mix(if i % 2 == 0 { i as u64 } else { k } ^ 0x9e37)),
+                            tiers: 1,
+                        }
+                    })
+                    .collect(),
+            })
+            .collect(),
+    }
+}
+
+fn bench(c: &mut Criterion) {
+    let snap = snapshot();
+    let bytes = snap.encode();
+    eprintln!(
+        "snapshot: {} blocks across {PODS} pods, {} bytes ({:.1} per block)",
+        snap.blocks(),
+        bytes.len(),
+        bytes.len() as f64 / snap.blocks() as f64
+    );
+    let mut g = c.benchmark_group("snapshot_1m_blocks_64_pods");
+    g.sample_size(10);
+    g.bench_function("encode", |b| b.iter(|| black_box(snap.encode())));
+    g.bench_function("decode", |b| {
+        b.iter(|| black_box(Snapshot::decode(&bytes).unwrap()))
+    });
+    g.bench_function("decode_and_import_into_index", |b| {
+        b.iter(|| {
+            let index = Index::<4>::new(IndexConfig::default());
+            let sink: Arc<dyn CacheEventSink> = index.clone();
+            let hasher: Arc<dyn router_core::BlockHasher> =
+                Arc::new(router_hash::ChainHasher::new(16).unwrap());
+            let mut ingest = Ingestor::new(hasher, sink, None, 16);
+            let s = Snapshot::decode(&bytes).unwrap();
+            for p in &s.pods {
+                let id = index.join(&PodKey::new(p.name.as_str(), 0)).unwrap();
+                ingest.import_pod(id, &p.blocks);
+            }
+            black_box(index.stats().entries)
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
