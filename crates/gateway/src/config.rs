@@ -43,6 +43,8 @@ pub struct Config {
     pub pods: Vec<PodConfig>,
     /// Simulated engines to start on loopback (added to `pods`).
     pub simulated: Option<SimulatedConfig>,
+    /// Router replicas over NATS JetStream (none: one gateway on its own).
+    pub nats: Option<NatsSection>,
     /// Routing profiles (router-policy's format), kept as text for its
     /// registry, which reports errors with this file's line numbers.
     #[serde(default, rename = "profiles")]
@@ -122,6 +124,64 @@ pub struct GatewayConfig {
     /// its engine's KV capacity); the least recently routed leave first.
     #[serde(default = "default_approx_capacity")]
     pub approx_capacity_blocks: usize,
+}
+
+/// The `[nats]` table: this gateway is one of several replicas sharing
+/// one event log, snapshots, load and registrations over NATS JetStream.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct NatsSection {
+    /// The server, for example `nats://127.0.0.1:4222`.
+    pub url: String,
+    /// This replica's name, unique among the replicas (default: made from
+    /// the process id and a random part).
+    #[serde(default)]
+    pub replica: Option<String>,
+    /// Names the stream, the object store and the subjects (replicas
+    /// sharing state use the same one).
+    #[serde(default = "default_nats_prefix")]
+    pub prefix: String,
+    /// How often the index is snapshotted, in ms (0: never).
+    #[serde(default = "default_snapshot_every")]
+    pub snapshot_every_ms: u64,
+    /// How long another replica's load counts without news, in ms.
+    #[serde(default = "default_lease")]
+    pub lease_ms: u64,
+    /// Whether in-flight load is shared.
+    #[serde(default = "yes")]
+    pub share_load: bool,
+    /// Whether speculative registrations are shared.
+    #[serde(default = "yes")]
+    pub share_routed: bool,
+}
+
+impl NatsSection {
+    /// The replica's configuration.
+    pub fn to_config(&self) -> router_nats::NatsConfig {
+        let replica = self.replica.clone().unwrap_or_else(|| {
+            use std::hash::{BuildHasher, RandomState};
+            let r = RandomState::new().hash_one(std::process::id()) % 1_000_000;
+            format!("gw-{}-{r:06}", std::process::id())
+        });
+        let mut c = router_nats::NatsConfig::new(self.url.clone(), replica);
+        c.prefix = self.prefix.clone();
+        c.snapshot_every = std::time::Duration::from_millis(self.snapshot_every_ms);
+        c.lease = std::time::Duration::from_millis(self.lease_ms.max(1));
+        c.share_load = self.share_load;
+        c.share_routed = self.share_routed;
+        c
+    }
+}
+
+fn default_nats_prefix() -> String {
+    "cache-router".into()
+}
+fn default_snapshot_every() -> u64 {
+    10_000
+}
+fn default_lease() -> u64 {
+    1_500
 }
 
 /// How a request is run.
@@ -326,6 +386,12 @@ impl Config {
                     s.time_scale
                 ));
             }
+        }
+        if let Some(n) = &self.nats {
+            n.to_config().check().map_err(|e| Error::Config {
+                line: 0,
+                message: e.to_string(),
+            })?;
         }
         check_pods(&self.pods)
     }

@@ -32,6 +32,9 @@ pub enum Error {
     /// The index refused a pod (for example, too many pods).
     #[error("index: {0}")]
     Index(#[from] router_core::Error),
+    /// NATS could not be reached or set up (`[nats]`).
+    #[error("{0}")]
+    Nats(String),
     /// A socket could not be bound.
     #[error("cannot listen on {what}: {message}")]
     Bind {

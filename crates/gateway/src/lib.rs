@@ -52,7 +52,9 @@ async fn serve(listener: tokio::net::TcpListener, app: axum::Router) {
 }
 
 pub use backend::HttpBackend;
-pub use config::{Config, DEFAULT_CONFIG, GatewayConfig, PodConfig, SimulatedConfig, WorkflowKind};
+pub use config::{
+    Config, DEFAULT_CONFIG, GatewayConfig, NatsSection, PodConfig, SimulatedConfig, WorkflowKind,
+};
 pub use engine::{EngineConfig, SimEngine};
 pub use error::Error;
 pub use metrics::Metrics;

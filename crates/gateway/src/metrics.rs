@@ -48,6 +48,7 @@ pub struct Metrics {
     pub(crate) pod_resets: IntCounter,
     pub(crate) event_recovered: IntCounter,
     pub(crate) pod_blocks: IntGaugeVec,
+    pub(crate) replica: IntCounterVec,
     pub(crate) event_replayed: IntCounter,
     pub(crate) pod_in_flight: IntGaugeVec,
     pub(crate) pod_queued_prefill_tokens: IntGaugeVec,
@@ -171,6 +172,14 @@ impl Metrics {
                 "Event batches applied from replays of an engine's whole buffer (start, restart, return, unknown parents).",
             )
             .expect("valid"),
+            replica: IntCounterVec::new(
+                Opts::new(
+                    "cache_router_replica_total",
+                    "This replica's NATS side (with [nats]), by what was counted: relayed batches, relay retries and drops, log messages applied, stale, gaps, restarts, skipped, snapshots written and refused, load and registrations received.",
+                ),
+                &["what"],
+            )
+            .expect("valid"),
             pod_blocks: IntGaugeVec::new(
                 Opts::new(
                     "cache_router_pod_blocks",
@@ -222,7 +231,7 @@ impl Metrics {
                 .expect("valid"),
         };
         let r = &m.registry;
-        let all: [Box<dyn prometheus::core::Collector>; 27] = [
+        let all: [Box<dyn prometheus::core::Collector>; 28] = [
             Box::new(m.requests.clone()),
             Box::new(m.errors.clone()),
             Box::new(m.decision_seconds.clone()),
@@ -244,6 +253,7 @@ impl Metrics {
             Box::new(m.pod_resets.clone()),
             Box::new(m.event_recovered.clone()),
             Box::new(m.pod_blocks.clone()),
+            Box::new(m.replica.clone()),
             Box::new(m.pod_in_flight.clone()),
             Box::new(m.pod_queued_prefill_tokens.clone()),
             Box::new(m.pod_healthy.clone()),

@@ -71,6 +71,8 @@ pub(crate) struct Pods {
     entries: Mutex<BTreeMap<String, Entry>>,
     /// Ingestion counts of pods no longer followed, so totals never shrink.
     retired: Mutex<IngestStats>,
+    /// The replicas' shared log, when running as one of several.
+    pub(crate) replica: Option<Arc<router_nats::Replica>>,
 }
 
 fn key_of(c: &PodConfig) -> PodKey {
@@ -99,8 +101,10 @@ impl Pods {
         backend: Arc<HttpBackend>,
         routed: Arc<RoutedChains>,
         approx: Memory,
+        replica: Option<Arc<router_nats::Replica>>,
     ) -> Self {
         Pods {
+            replica,
             routed,
             approx,
             index,
@@ -121,12 +125,19 @@ impl Pods {
             // Approximate mode: what was routed there stands for its cache.
             self.routed.set_memory(id, self.approx);
         }
+        if let Some(r) = &self.replica {
+            r.names().set(&c.name, id);
+        }
         if let Some(ep) = &c.events {
             let mut s = PodStream::new(id, ep.clone()).topic(c.topic.clone());
             if let Some(r) = &c.replay {
                 s = s.replay(r.clone());
             }
-            self.subscriber.add(s);
+            match &self.replica {
+                // The batches go into the shared log, which feeds the index.
+                Some(r) => self.subscriber.add_with(s, r.relay(&c.name)),
+                None => self.subscriber.add(s),
+            }
         }
         Ok(id)
     }
@@ -179,6 +190,9 @@ impl Pods {
         let Some(e) = self.entries.lock().remove(name) else {
             return false;
         };
+        if let Some(r) = &self.replica {
+            r.names().remove(name);
+        }
         self.leave(e.id, false);
         true
     }
@@ -249,6 +263,9 @@ impl Pods {
     /// Ingestion counts over every pod, past and present.
     pub(crate) fn ingest_totals(&self) -> IngestStats {
         let mut total = *self.retired.lock();
+        if let Some(r) = &self.replica {
+            add_stats(&mut total, &r.ingest_stats());
+        }
         for (_, id, _) in self.ids() {
             if let Some(s) = self.subscriber.ingest_stats(id) {
                 add_stats(&mut total, &s);
@@ -381,6 +398,7 @@ mod tests {
             backend,
             Arc::new(RoutedChains::new(Memory::SPECULATIVE)),
             Memory::SPECULATIVE,
+            None,
         )
     }
 

@@ -289,16 +289,41 @@ impl Gateway {
             })?,
         );
         let approx = Memory::new(g.approx_ttl_ms, g.approx_capacity_blocks);
+        let replica = match &config.nats {
+            Some(n) => Some(Arc::new(
+                router_nats::Replica::connect(n.to_config())
+                    .await
+                    .map_err(|e| Error::Nats(e.to_string()))?,
+            )),
+            None => None,
+        };
+        let log_hasher: Arc<dyn router_core::BlockHasher> = Arc::new(hasher.clone());
         let pods = Arc::new(Pods::new(
-            index,
+            index.clone(),
             subscriber,
             fleet.clone(),
             backend.clone(),
-            routed,
+            routed.clone(),
             approx,
+            replica.clone(),
         ));
         for p in config.pods.clone() {
             pods.add(p)?;
+        }
+        if let Some(r) = &replica {
+            // The index is built from the shared log (after the newest
+            // snapshot); load and registrations are shared.
+            let forget = routed.clone();
+            r.start_log(
+                log_hasher,
+                index.clone(),
+                Some(g.model.clone()),
+                g.block_size,
+                Some(Arc::new(move |pod, _| forget.remove_pod(pod))),
+            )
+            .await
+            .map_err(|e| Error::Nats(e.to_string()))?;
+            r.share(fleet.clone(), routed.clone());
         }
         let executor = Executor::new(
             backend,
@@ -474,6 +499,26 @@ async fn metrics(State(s): State<Arc<AppState>>) -> Response {
     raise(&m.engine_restarts, stream.restarts);
     raise(&m.pod_resets, stream.resets);
     raise(&m.event_recovered, stream.recovered);
+    if let Some(r) = &s.pods.replica {
+        let st = r.stats();
+        for (what, n) in [
+            ("relayed", st.relayed),
+            ("relay_retries", st.relay_retries),
+            ("relay_dropped", st.relay_dropped),
+            ("log_applied", st.log_applied),
+            ("log_stale", st.log_stale),
+            ("log_gaps", st.log_gaps),
+            ("log_restarts", st.log_restarts),
+            ("log_skipped", st.log_skipped),
+            ("snapshots_written", st.snapshots_written),
+            ("snapshots_refused", st.snapshots_refused),
+            ("load_received", st.load_received),
+            ("routed_received", st.routed_received),
+            ("routed_dropped", st.routed_dropped),
+        ] {
+            raise(&m.replica.with_label_values(&[what]), n);
+        }
+    }
     for (reason, n) in [
         ("unknown_parent", ingest.unknown_parent),
         ("other_group", ingest.other_group),

@@ -199,3 +199,78 @@ async fn replicas_agree_restart_from_snapshots_and_lose_nothing_across_a_nats_re
     assert!(s.snapshots_refused >= 1, "{s:?}");
     assert_eq!(s.snapshot_loaded_at, good, "{s:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_load_is_counted_by_the_others_and_leaves_with_its_lease() {
+    use router_policy::builtin::{Memory, RoutedChains};
+    use router_policy::{Fleet, PodState, PodStateSink, Role};
+
+    let nats = NatsServer::start();
+    let mut replicas = Vec::new();
+    for me in ["a", "b"] {
+        let mut cfg = NatsConfig::new(nats.url(), me);
+        cfg.prefix = "t2".into();
+        cfg.lease = Duration::from_millis(500);
+        let r = Replica::connect(cfg).await.unwrap();
+        let index = Index::<4>::new(IndexConfig::default());
+        let id = index.join(&PodKey::new("engine-0", 0)).unwrap();
+        r.names().set("engine-0", id);
+        let fleet = Arc::new(Fleet::new());
+        fleet.upsert(PodState::new(id, Role::Both));
+        let routed = Arc::new(RoutedChains::new(Memory::SPECULATIVE));
+        r.share(fleet.clone(), routed.clone());
+        replicas.push((r, id, fleet, routed));
+    }
+    let (b_id, b_fleet, b_routed) = (replicas[1].1, replicas[1].2.clone(), replicas[1].3.clone());
+    // a sends two requests to its engine-0 and registers a chain there.
+    let (_, a_id, a_fleet, a_routed) = &replicas[0];
+    a_fleet.request_started(*a_id, 500, 10);
+    a_fleet.request_started(*a_id, 300, 10);
+    b_fleet.request_started(b_id, 100, 1);
+    until(
+        "b counts a's load beside its own",
+        Duration::from_secs(5),
+        || {
+            b_fleet
+                .get(b_id)
+                .is_some_and(|s| s.in_flight == 3 && s.queued_prefill_tokens == 900)
+        },
+    )
+    .await;
+    // Registrations are plain NATS messages: one sent before b subscribed
+    // is not seen, so a registers until b holds it.
+    until("b holds a's registration", Duration::from_secs(5), || {
+        a_routed.insert(*a_id, &chain(1..17), router_policy::builtin::wall_ms());
+        b_routed.pod_blocks(b_id) == 4
+    })
+    .await;
+    // a's own view is its load plus b's.
+    until("a counts b's load", Duration::from_secs(5), || {
+        a_fleet.get(*a_id).is_some_and(|s| s.in_flight == 3)
+    })
+    .await;
+    // a finishes one: b follows.
+    a_fleet.first_token(*a_id, 300);
+    a_fleet.request_finished(
+        *a_id,
+        0,
+        10,
+        Duration::from_millis(5),
+        router_policy::Outcome::Success,
+    );
+    until("b sees a's finish", Duration::from_secs(5), || {
+        b_fleet
+            .get(b_id)
+            .is_some_and(|s| s.in_flight == 2 && s.queued_prefill_tokens == 600)
+    })
+    .await;
+    // a dies while loaded (no more news): its load leaves b with its lease.
+    let dead = replicas.remove(0);
+    drop(dead);
+    until("a's load expired on b", Duration::from_secs(3), || {
+        b_fleet
+            .get(b_id)
+            .is_some_and(|s| s.in_flight == 1 && s.queued_prefill_tokens == 100)
+    })
+    .await;
+}

@@ -78,13 +78,16 @@ async fn a_restarted_engine_is_seen_empty_and_nothing_stale_is_routed_on() {
     assert!(view.healthy && view.in_index);
 }
 
-fn config_over(engines: &[SimEngine]) -> Config {
+/// A gateway's configuration over `engines` started by the test, with
+/// `extra` TOML after the `[gateway]` table (for example a `[nats]` one).
+pub(crate) fn config_over(engines: &[SimEngine], extra: &str) -> Config {
     let text = format!(
         r#"[gateway]
 listen = "127.0.0.1:0"
 model = "{MODEL}"
 tokenizer = "../../assets/tokenizers/qwen3"
 health_interval_ms = 100
+{extra}
 "#
     );
     let mut config =
@@ -98,15 +101,20 @@ health_interval_ms = 100
     config
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_restarted_gateway_knows_what_warm_engines_hold() {
-    let engines: Vec<SimEngine> = (0..2)
+/// `n` simulated engines publishing on topic `kv-events`.
+pub(crate) fn engines(n: usize) -> Vec<SimEngine> {
+    (0..n)
         .map(|_| {
             let mut c = EngineConfig::new(MODEL, qwen3());
             c.topic = "kv-events".into();
             SimEngine::start(c).unwrap()
         })
-        .collect();
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_gateway_knows_what_warm_engines_hold() {
+    let engines = engines(2);
     let conversations: Vec<Vec<Value>> = (0..4)
         .map(|i| {
             vec![
@@ -115,7 +123,7 @@ async fn a_restarted_gateway_knows_what_warm_engines_hold() {
             ]
         })
         .collect();
-    let first = Gateway::start(config_over(&engines)).await.unwrap();
+    let first = Gateway::start(config_over(&engines, "")).await.unwrap();
     for c in &conversations {
         assert_eq!(
             post_settled(&first, "/v1/chat/completions", &chat(c))
@@ -133,7 +141,7 @@ async fn a_restarted_gateway_knows_what_warm_engines_hold() {
 
     // A new gateway over the same warm engines knows their caches before
     // any request (the start-up replay), and predicts them exactly.
-    let second = Gateway::start(config_over(&engines)).await.unwrap();
+    let second = Gateway::start(config_over(&engines, "")).await.unwrap();
     eventually(
         Duration::from_secs(5),
         "the warm caches are known",

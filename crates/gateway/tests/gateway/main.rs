@@ -4,6 +4,7 @@
 mod bad_input;
 mod config;
 mod lifecycle;
+mod replicas;
 mod routing;
 mod wire;
 
