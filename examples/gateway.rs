@@ -4,6 +4,8 @@
 //! ```text
 //! cargo run --release --example gateway                      # 4 simulated engines on 127.0.0.1:8000
 //! cargo run --release --example gateway -- --config my.toml  # your engines (see the README)
+//! cargo run --release --example gateway -- --replicas 2 --nats nats://127.0.0.1:4222
+//!                                     # two replicas on :8000 and :8001 sharing state over NATS
 //! curl -s localhost:8000/v1/chat/completions -H 'content-type: application/json' \
 //!   -d '{"model":"Qwen/Qwen3-0.6B","messages":[{"role":"user","content":"Hi"}]}'
 //! ```
@@ -29,6 +31,19 @@ struct Args {
     /// Start this many simulated engines instead of the file's count.
     #[arg(long)]
     engines: Option<usize>,
+    /// Be one of several router replicas sharing their event log,
+    /// snapshots, load and registrations through this NATS server
+    /// (JetStream on), as a `[nats]` table does.
+    #[arg(long)]
+    nats: Option<String>,
+    /// This replica's name with `--nats` (unique among the replicas).
+    #[arg(long)]
+    replica: Option<String>,
+    /// Run this many replicas in this process, on consecutive ports, the
+    /// first one's simulated engines shared by all (needs `--nats` or a
+    /// `[nats]` table).
+    #[arg(long, default_value_t = 1)]
+    replicas: usize,
 }
 
 fn load(args: &Args) -> Result<Config, router_gateway::Error> {
@@ -48,6 +63,17 @@ fn load(args: &Args) -> Result<Config, router_gateway::Error> {
     if let (Some(n), Some(sim)) = (args.engines, config.simulated.as_mut()) {
         sim.engines = n;
     }
+    if let Some(url) = &args.nats {
+        let mut text = format!("url = {url:?}\n");
+        if let Some(r) = &args.replica {
+            text.push_str(&format!("replica = {r:?}\n"));
+        }
+        let table = toml::from_str(&text).map_err(|e| router_gateway::Error::Config {
+            line: 0,
+            message: format!("--nats/--replica: {e}"),
+        })?;
+        config.nats = Some(table);
+    }
     Ok(config)
 }
 
@@ -61,15 +87,38 @@ async fn main() {
             std::process::exit(2);
         }
     };
-    let gateway = match Gateway::start(config).await {
-        Ok(g) => g,
-        Err(e) => {
-            eprintln!("gateway: {e}");
-            std::process::exit(1);
+    if args.replicas > 1 && config.nats.is_none() {
+        eprintln!("gateway: --replicas needs --nats (or a [nats] table) to share state");
+        std::process::exit(2);
+    }
+    let mut gateways = Vec::new();
+    for r in 0..args.replicas.max(1) {
+        let mut c = config.clone();
+        if r > 0 {
+            // Further replicas route to the first one's engines.
+            c.simulated = None;
+            c.pods = gateways.first().map(Gateway::engine_pods).unwrap_or_default();
+            let port = config.gateway.listen.port();
+            c.gateway.listen.set_port(if port == 0 { 0 } else { port + r as u16 });
         }
-    };
-    println!("cache-router gateway on {}", gateway.url());
-    for p in gateway.pods() {
+        if let Some(n) = c.nats.as_mut()
+            && args.replicas > 1
+        {
+            let base = n.replica.clone().unwrap_or_else(|| "gw".into());
+            n.replica = Some(format!("{base}-{r}"));
+        }
+        match Gateway::start(c).await {
+            Ok(g) => gateways.push(g),
+            Err(e) => {
+                eprintln!("gateway: {e}");
+                std::process::exit(1);
+            }
+        }
+    }
+    for gateway in &gateways {
+        println!("cache-router gateway on {}", gateway.url());
+    }
+    for p in gateways[0].pods() {
         println!(
             "  pod {:<8} {} events {}",
             p.config.name,

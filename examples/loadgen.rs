@@ -27,6 +27,12 @@ use router_gateway::{Config, DEFAULT_CONFIG, Gateway, POD_HEADER, PREDICTED_HEAD
 use router_hash::ChainHasher;
 use serde_json::{Value, json};
 
+/// A `[nats]` table for replica `replica` on stream `prefix`.
+fn nats_section(url: &str, prefix: &str, replica: &str) -> router_gateway::NatsSection {
+    let text = format!("url = \"{url}\"\nprefix = \"{prefix}\"\nreplica = \"{replica}\"\n");
+    toml::from_str(&text).expect("a valid [nats] table")
+}
+
 #[derive(Parser, Debug, Clone)]
 #[command(about = "Drive the cache-router gateway with multi-turn chat sessions")]
 struct Args {
@@ -47,6 +53,10 @@ struct Args {
     /// request by request.
     #[arg(long, default_value_t = 1)]
     replicas: usize,
+    /// The replicas share their event log, load and registrations through
+    /// this NATS server (JetStream on), as `[nats]` does.
+    #[arg(long)]
+    nats: Option<String>,
     /// Embedded engines' GPU capacity in blocks (default: the bundled
     /// configuration's).
     #[arg(long)]
@@ -426,6 +436,11 @@ async fn main() {
             }
             sim.events = !args.no_events;
         }
+        if let Some(url) = &args.nats {
+            // A stream of its own per run: rows do not share a log.
+            let prefix = format!("loadgen-{}-{profile}", std::process::id());
+            config.nats = Some(nats_section(url, &prefix, "r0"));
+        }
         let mut gateways = Vec::new();
         match Gateway::start(config.clone()).await {
             Ok(g) => gateways.push(g),
@@ -436,10 +451,13 @@ async fn main() {
         }
         // Further replicas route to the first one's engines.
         let pods = gateways[0].engine_pods();
-        for _ in 1..args.replicas.max(1) {
+        for r in 1..args.replicas.max(1) {
             let mut c = config.clone();
             c.simulated = None;
             c.pods = pods.clone();
+            if let Some(n) = c.nats.as_mut() {
+                n.replica = Some(format!("r{r}"));
+            }
             match Gateway::start(c).await {
                 Ok(g) => gateways.push(g),
                 Err(e) => {
