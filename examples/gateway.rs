@@ -97,9 +97,14 @@ async fn main() {
         if r > 0 {
             // Further replicas route to the first one's engines.
             c.simulated = None;
-            c.pods = gateways.first().map(Gateway::engine_pods).unwrap_or_default();
+            c.pods = gateways
+                .first()
+                .map(Gateway::engine_pods)
+                .unwrap_or_default();
             let port = config.gateway.listen.port();
-            c.gateway.listen.set_port(if port == 0 { 0 } else { port + r as u16 });
+            c.gateway
+                .listen
+                .set_port(if port == 0 { 0 } else { port + r as u16 });
         }
         if let Some(n) = c.nats.as_mut()
             && args.replicas > 1

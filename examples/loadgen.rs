@@ -11,7 +11,9 @@
 //! once per profile named in `--profiles`, so the profiles are compared on
 //! the same sessions from the same cold start. `--replicas 2` puts two
 //! gateways over the same engines and alternates requests between them (as
-//! a round-robin proxy in front of router replicas would). Every row shows
+//! a round-robin proxy in front of router replicas would); with `--nats
+//! URL` they share their event log, load and registrations as `[nats]`
+//! replicas (`--share` narrows what). Every row shows
 //! the scenario's ceiling: the cached share if every turn met its whole
 //! history and its system prompt on its pod, with no eviction.
 
@@ -27,9 +29,20 @@ use router_gateway::{Config, DEFAULT_CONFIG, Gateway, POD_HEADER, PREDICTED_HEAD
 use router_hash::ChainHasher;
 use serde_json::{Value, json};
 
-/// A `[nats]` table for replica `replica` on stream `prefix`.
-fn nats_section(url: &str, prefix: &str, replica: &str) -> router_gateway::NatsSection {
-    let text = format!("url = \"{url}\"\nprefix = \"{prefix}\"\nreplica = \"{replica}\"\n");
+/// A `[nats]` table for replica `replica` on stream `prefix`, sharing
+/// what `share` names (`load`, `routed`; `all`, `none`).
+fn nats_section(
+    url: &str,
+    prefix: &str,
+    replica: &str,
+    share: &str,
+) -> router_gateway::NatsSection {
+    let on = |what: &str| share == "all" || share.split(',').any(|s| s.trim() == what);
+    let text = format!(
+        "url = \"{url}\"\nprefix = \"{prefix}\"\nreplica = \"{replica}\"\nshare_load = {}\nshare_routed = {}\n",
+        on("load"),
+        on("routed")
+    );
     toml::from_str(&text).expect("a valid [nats] table")
 }
 
@@ -57,6 +70,10 @@ struct Args {
     /// this NATS server (JetStream on), as `[nats]` does.
     #[arg(long)]
     nats: Option<String>,
+    /// With `--nats`: what the replicas share besides the event log
+    /// (`all`, `none`, or `load`, `routed` comma-separated).
+    #[arg(long, default_value = "all")]
+    share: String,
     /// Embedded engines' GPU capacity in blocks (default: the bundled
     /// configuration's).
     #[arg(long)]
@@ -439,7 +456,7 @@ async fn main() {
         if let Some(url) = &args.nats {
             // A stream of its own per run: rows do not share a log.
             let prefix = format!("loadgen-{}-{profile}", std::process::id());
-            config.nats = Some(nats_section(url, &prefix, "r0"));
+            config.nats = Some(nats_section(url, &prefix, "r0", &args.share));
         }
         let mut gateways = Vec::new();
         match Gateway::start(config.clone()).await {

@@ -282,6 +282,7 @@ pub struct Replica {
     names: Arc<PodNames>,
     counters: Arc<Counters>,
     relay: relay::Publisher,
+    shared_log: Arc<log::LogShared>,
     log: Mutex<Option<log::Handle>>,
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
@@ -342,6 +343,7 @@ impl Replica {
             names: Arc::default(),
             counters,
             relay,
+            shared_log: Arc::default(),
             log: Mutex::new(None),
             tasks: Mutex::new(Vec::new()),
         })
@@ -359,9 +361,15 @@ impl Replica {
     }
 
     /// The sink that relays pod `name`'s engine batches into the stream
-    /// (give it to `router_events::Subscriber::add_with`).
+    /// (give it to `router_events::Subscriber::add_with`). Once the log has
+    /// started, it also applies them at once: whichever of the engine's
+    /// stream and the log brings a batch first applies it, and it is stale
+    /// on the other (both carry one engine's batches in its order).
     pub fn relay(&self, name: &str) -> Arc<dyn router_events::BatchSink> {
-        Arc::new(self.relay.sink(self.cfg.events_subject(name)))
+        Arc::new(
+            self.relay
+                .sink(name, self.cfg.events_subject(name), self.shared_log.clone()),
+        )
     }
 
     /// Loads the newest snapshot that checks out into `ingest`'s sink and
@@ -384,6 +392,7 @@ impl Replica {
             self.counters.clone(),
             ingest,
             on_clear,
+            self.shared_log.clone(),
         )
         .await?;
         *self.log.lock() = Some(handle);

@@ -59,6 +59,51 @@ pub(crate) async fn snapshot_now(tx: mpsc::Sender<Cmd>) -> Result<u64, NatsError
 struct PodLog {
     id: PodId,
     seq: Sequencer,
+    /// The id of the last clear marker this replica applied itself (its
+    /// copy from the log is then skipped).
+    last_clear: Option<String>,
+}
+
+impl PodLog {
+    fn new(id: PodId, seq: Sequencer) -> Self {
+        PodLog {
+            id,
+            seq,
+            last_clear: None,
+        }
+    }
+}
+
+/// The log's state, shared by the task following the stream and this
+/// replica's own relays: a batch is applied by whichever path brings it
+/// first (the engine's stream through the relay, or the log), and is stale
+/// on the other. Both carry one engine's batches in its order, so the
+/// result is the same; the log is what restarts and other replicas rely
+/// on. `None` until the log has started (the snapshot is loaded first).
+#[derive(Default)]
+pub(crate) struct LogShared {
+    state: Mutex<Option<State>>,
+}
+
+impl LogShared {
+    /// A batch of pod `name` from this replica's own relay.
+    pub(crate) fn local_batch(&self, name: &str, seq: u64, payload: &[u8]) {
+        if let Some(st) = self.state.lock().as_mut() {
+            st.apply_batch(name, seq, payload);
+        }
+    }
+
+    /// This replica's relay cleared pod `name` with marker `marker`.
+    pub(crate) fn local_clear(&self, name: &str, marker: String, why: ClearReason) {
+        if let Some(st) = self.state.lock().as_mut()
+            && st.pod(name).is_some()
+        {
+            st.clear(name, why);
+            if let Some(p) = st.pods.get_mut(name) {
+                p.last_clear = Some(marker);
+            }
+        }
+    }
 }
 
 struct State {
@@ -82,40 +127,35 @@ impl State {
         }
     }
 
+    /// The pod named `name`, made current: `None` when this replica does
+    /// not route to it; a pod that rejoined under a new id is followed
+    /// afresh (its old record went with the old id).
+    fn pod(&mut self, name: &str) -> Option<PodId> {
+        let id = self.names.id(name)?;
+        match self.pods.get(name) {
+            Some(p) if p.id == id => {}
+            Some(p) => {
+                self.ingest.forget_pod(p.id);
+                self.pods
+                    .insert(name.to_owned(), PodLog::new(id, Sequencer::new()));
+            }
+            None => {
+                self.pods
+                    .insert(name.to_owned(), PodLog::new(id, Sequencer::new()));
+            }
+        }
+        Some(id)
+    }
+
     /// Applies one stream message.
     fn apply(&mut self, subject: &str, headers: Option<&async_nats::HeaderMap>, payload: &[u8]) {
         let Some(name) = subject.rsplit('.').next().and_then(unhex) else {
             bump(&self.counters.log_skipped);
             return;
         };
-        let Some(id) = self.names.id(&name) else {
+        if self.pod(&name).is_none() {
             bump(&self.counters.log_skipped);
             return;
-        };
-        match self.pods.get(&name) {
-            Some(p) if p.id == id => {}
-            Some(p) => {
-                // The pod rejoined under a new id: its old record went with
-                // the old id; follow it afresh.
-                let old = p.id;
-                self.ingest.forget_pod(old);
-                self.pods.insert(
-                    name.clone(),
-                    PodLog {
-                        id,
-                        seq: Sequencer::new(),
-                    },
-                );
-            }
-            None => {
-                self.pods.insert(
-                    name.clone(),
-                    PodLog {
-                        id,
-                        seq: Sequencer::new(),
-                    },
-                );
-            }
         }
         let header = |k: &str| {
             headers
@@ -123,6 +163,13 @@ impl State {
                 .map(|v| v.as_str().to_owned())
         };
         if header(CLEAR).is_some() {
+            let id = header("Nats-Msg-Id");
+            let p = self.pods.get_mut(&name).expect("made current above");
+            if id.is_some() && p.last_clear == id {
+                // Applied already, when this replica's relay made it.
+                p.last_clear = None;
+                return;
+            }
             bump(&self.counters.log_clears);
             bump(&self.counters.log_applied);
             self.clear(&name, ClearReason::Unverified);
@@ -132,9 +179,17 @@ impl State {
             bump(&self.counters.log_skipped);
             return;
         };
+        self.apply_batch(&name, seq, payload);
+    }
+
+    /// Applies batch `seq` of pod `name`, from either path.
+    fn apply_batch(&mut self, name: &str, seq: u64, payload: &[u8]) {
+        let Some(id) = self.pod(name) else {
+            return;
+        };
         let decoded = decode_batch(payload);
         let ts = decoded.as_ref().ok().map(|b| b.ts);
-        let verdict = self.pods[&name].seq.check(seq, ts);
+        let verdict = self.pods[name].seq.check(seq, ts);
         match verdict {
             Verdict::Stale => {
                 bump(&self.counters.log_stale);
@@ -143,21 +198,21 @@ impl State {
             Verdict::Restart => {
                 bump(&self.counters.log_restarts);
                 eprintln!("router-nats: pod {name}: its engine restarted: record cleared");
-                self.clear(&name, ClearReason::Restart);
+                self.clear(name, ClearReason::Restart);
             }
             Verdict::Gap { from, upto } => {
                 bump(&self.counters.log_gaps);
                 eprintln!(
                     "router-nats: pod {name}: batches {from}..{upto} missing from the log: record cleared"
                 );
-                self.clear(&name, ClearReason::Gap);
+                self.clear(name, ClearReason::Gap);
             }
             Verdict::Next => {}
         }
         if let Ok(batch) = &decoded {
             self.ingest.apply_batch(id, batch);
         }
-        if let Some(p) = self.pods.get_mut(&name) {
+        if let Some(p) = self.pods.get_mut(name) {
             p.seq.applied(seq, ts);
         }
         bump(&self.counters.log_applied);
@@ -187,10 +242,7 @@ impl State {
             self.ingest.import_pod(id, &p.blocks);
             self.pods.insert(
                 p.name,
-                PodLog {
-                    id,
-                    seq: Sequencer::restore(p.expected, p.last_ts),
-                },
+                PodLog::new(id, Sequencer::restore(p.expected, p.last_ts)),
             );
         }
         self.position = snap.stream_seq;
@@ -325,6 +377,7 @@ pub(crate) async fn start(
     counters: Arc<Counters>,
     ingest: LogIngestor,
     on_clear: Option<ClearHook>,
+    shared: Arc<LogShared>,
 ) -> Result<(Handle, u64), NatsError> {
     let store = js
         .get_object_store(cfg.bucket())
@@ -341,8 +394,9 @@ pub(crate) async fn start(
         stats: stats.clone(),
     };
     let at = load_newest(&store, &mut state).await;
+    *shared.state.lock() = Some(state);
     let (tx, rx) = mpsc::channel(4);
-    let task = tokio::spawn(run(cfg, js, store, state, rx));
+    let task = tokio::spawn(run(cfg, js, store, shared, rx, at));
     Ok((Handle { tx, task, stats }, at))
 }
 
@@ -350,9 +404,17 @@ async fn run(
     cfg: NatsConfig,
     js: jetstream::Context,
     store: ObjectStore,
-    mut state: State,
+    shared: Arc<LogShared>,
     mut rx: mpsc::Receiver<Cmd>,
+    loaded_at: u64,
 ) {
+    let position = || {
+        shared
+            .state
+            .lock()
+            .as_ref()
+            .map_or(0, |s: &State| s.position)
+    };
     let every = if cfg.snapshot_every.is_zero() {
         Duration::from_secs(3600 * 24 * 365)
     } else {
@@ -360,14 +422,15 @@ async fn run(
     };
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut written_at = state.position;
+    let mut written_at = loaded_at;
     let mut backoff = Duration::from_millis(50);
     loop {
-        let start = if state.position == 0 {
+        let at = position();
+        let start = if at == 0 {
             DeliverPolicy::All
         } else {
             DeliverPolicy::ByStartSequence {
-                start_sequence: state.position + 1,
+                start_sequence: at + 1,
             }
         };
         let messages = match js.get_stream(cfg.stream()).await {
@@ -398,6 +461,8 @@ async fn run(
             tokio::select! {
                 m = messages.next() => match m {
                     Some(Ok(m)) => {
+                        let mut guard = shared.state.lock();
+                        let Some(state) = guard.as_mut() else { continue };
                         let Ok(info) = m.info() else {
                             bump(&state.counters.log_skipped);
                             continue;
@@ -412,16 +477,18 @@ async fn run(
                         *state.stats.lock() = state.ingest.stats();
                     }
                     Some(Err(e)) => {
-                        eprintln!("router-nats: the event stream failed ({e}); following it again from {}", state.position + 1);
+                        eprintln!("router-nats: the event stream failed ({e}); following it again from {}", position() + 1);
                         break;
                     }
                     None => break,
                 },
                 _ = tick.tick() => {
-                    if state.position > written_at {
-                        written_at = state.position;
-                        let snap = state.snapshot();
-                        let (cfg, js, store, counters) = (cfg.clone(), js.clone(), store.clone(), state.counters.clone());
+                    let taken = shared.state.lock().as_ref().and_then(|state| {
+                        (state.position > written_at).then(|| (state.snapshot(), state.counters.clone()))
+                    });
+                    if let Some((snap, counters)) = taken {
+                        written_at = snap.stream_seq;
+                        let (cfg, js, store) = (cfg.clone(), js.clone(), store.clone());
                         tokio::spawn(async move {
                             if let Err(e) = store_snapshot(&cfg, &js, &store, snap, &counters).await {
                                 eprintln!("router-nats: {e}");
@@ -431,9 +498,14 @@ async fn run(
                 }
                 cmd = rx.recv() => match cmd {
                     Some(Cmd::Snapshot(reply)) => {
-                        written_at = state.position;
-                        let snap = state.snapshot();
-                        let r = store_snapshot(&cfg, &js, &store, snap, &state.counters).await;
+                        let taken = shared.state.lock().as_ref().map(|state| (state.snapshot(), state.counters.clone()));
+                        let r = match taken {
+                            Some((snap, counters)) => {
+                                written_at = snap.stream_seq;
+                                store_snapshot(&cfg, &js, &store, snap, &counters).await
+                            }
+                            None => Err(NatsError::Config("the log is not started".into())),
+                        };
                         let _ = reply.send(r);
                     }
                     None => {}

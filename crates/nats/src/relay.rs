@@ -18,6 +18,7 @@ use router_core::PodId;
 use router_events::{BatchSink, ClearReason, DecodeError, EventBatch};
 use tokio::sync::mpsc;
 
+use crate::log::LogShared;
 use crate::{Counters, bump};
 
 /// The header carrying the engine's sequence number.
@@ -53,8 +54,10 @@ impl Publisher {
         Publisher { tx, counters, task }
     }
 
-    pub(crate) fn sink(&self, subject: String) -> RelaySink {
+    pub(crate) fn sink(&self, name: &str, subject: String, log: Arc<LogShared>) -> RelaySink {
         RelaySink {
+            name: name.to_owned(),
+            log,
             subject,
             tx: self.tx.clone(),
             counters: self.counters.clone(),
@@ -120,6 +123,8 @@ async fn publish(
 
 /// Relays one pod's batches.
 pub(crate) struct RelaySink {
+    name: String,
+    log: Arc<LogShared>,
     subject: String,
     tx: mpsc::Sender<Outgoing>,
     counters: Arc<Counters>,
@@ -157,6 +162,8 @@ impl BatchSink for RelaySink {
             headers,
             payload: Bytes::copy_from_slice(payload),
         });
+        // Applied at once here; the log's copy is then stale.
+        self.log.local_batch(&self.name, seq, payload);
     }
 
     fn clear(&self, _: PodId, why: ClearReason) {
@@ -169,11 +176,9 @@ impl BatchSink for RelaySink {
             ClearReason::Gap => "gap",
             _ => "unverified",
         };
+        let marker = format!("{}:clear:{seq}:{hash:016x}", self.subject);
         let mut headers = HeaderMap::new();
-        headers.insert(
-            "Nats-Msg-Id",
-            format!("{}:clear:{seq}:{hash:016x}", self.subject).as_str(),
-        );
+        headers.insert("Nats-Msg-Id", marker.as_str());
         headers.insert(CLEAR, reason);
         *self.last.lock() = None;
         self.send(Outgoing {
@@ -181,5 +186,6 @@ impl BatchSink for RelaySink {
             headers,
             payload: Bytes::new(),
         });
+        self.log.local_clear(&self.name, marker, why);
     }
 }
