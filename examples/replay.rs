@@ -56,6 +56,15 @@ struct Args {
     /// Replay in request order without timing (cache effects only).
     #[arg(long)]
     request_order: bool,
+    /// Router replicas, requests alternated between them; each has its own
+    /// profile and its own view of load (the index is fed by the same
+    /// events).
+    #[arg(long, default_value_t = 1)]
+    routers: usize,
+    /// With `--routers`: how long one router's load and registrations take
+    /// to reach the others, ms (negative: never shared).
+    #[arg(long, default_value_t = 2.0, allow_negative_numbers = true)]
+    share_delay_ms: f64,
     /// Seed of the synthetic trace.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -101,6 +110,11 @@ fn run(args: &Args) -> Result<(), String> {
     cfg.speedup = args.speedup;
     cfg.event_delay_ms = args.event_delay_ms;
     cfg.request_order = args.request_order;
+    if args.routers == 0 || args.routers > 64 {
+        return Err("--routers must be 1 to 64".into());
+    }
+    cfg.routers = args.routers;
+    cfg.share_delay_ms = args.share_delay_ms;
     cfg.model = CostModel::default();
     let mut list = Vec::new();
     for name in &args.policies {

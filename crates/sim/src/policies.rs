@@ -4,11 +4,10 @@ use router_policy::builtin::{
     ConsistentHash, HealthFilter, LeastRequests, LoadScorer, MaxScore, RoundRobin, SessionAffinity,
 };
 use router_policy::keys::{HASH_KEY, SESSION_ID};
-use std::sync::Arc;
 
 use router_index::{Index, IndexConfig};
-use router_policy::builtin::{Memory, RoutedChains};
-use router_policy::{Profile, Registry, default_profile, default_profile_with, peer_profile};
+use router_policy::builtin::Memory;
+use router_policy::{Profile, Registry, default_profile_with, peer_profile};
 
 use crate::sim::Policy;
 
@@ -67,13 +66,15 @@ pub fn builtin(name: &str) -> Option<Policy> {
                     .picker(MaxScore::default()),
             )
         }),
-        "cache-aware" => Policy::new(name, |index, cfg| default_profile(index, cfg.block_tokens)),
-        "cache-aware-approx" => Policy::new(name, |_, cfg| {
+        "cache-aware" => Policy::with_routed(name, |index, cfg, table| {
+            default_profile_with(index, cfg.block_tokens, table)
+        }),
+        "cache-aware-approx" => Policy::with_routed(name, |_, cfg, table| {
             // An index no event reaches: the routed chains alone, kept as
             // long as the replay and as many as a pod's GPU holds.
             let blind = Index::<4>::new(IndexConfig::default());
-            let memory = Memory::forever(cfg.gpu_blocks);
-            default_profile_with(blind, cfg.block_tokens, Arc::new(RoutedChains::new(memory)))
+            table.set_default(Memory::forever(cfg.gpu_blocks));
+            default_profile_with(blind, cfg.block_tokens, table)
         }),
         "dynamo" | "smg-cache-aware" | "llm-d" => {
             let peer = name.to_owned();
@@ -100,9 +101,10 @@ pub fn from_config(text: &str) -> Result<Vec<Policy>, router_policy::Error> {
         .into_iter()
         .map(|name| {
             let (text, key) = (text.clone(), name.clone());
-            Policy::new(name, move |index, _| {
+            Policy::with_routed(name, move |index, _, table| {
                 let mut all = Registry::with_builtins()
                     .with_index(index)
+                    .with_routed(table)
                     .load(&text)
                     .expect("parsed once already");
                 all.remove(&key).expect("the profile exists")

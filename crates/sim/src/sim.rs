@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use router_core::{BlockHash, CacheEvent, CacheEventSink, PodDirectory, PodId, PodKey};
 use router_index::{Index, IndexConfig};
+use router_policy::builtin::{Memory, RoutedChains};
 use router_policy::keys::{CHAIN, HASH_KEY, NOW_MS, PROMPT_TOKENS, SESSION_ID};
 use router_policy::{Context, Fleet, PodState, PodStateSink, Profile, Role};
 
@@ -37,6 +38,14 @@ pub struct ClusterConfig {
     /// Replay in request order with no timing: each request is served
     /// instantly, so only cache effects count.
     pub request_order: bool,
+    /// Router replicas, each with its own profile (its own speculative
+    /// registrations and peer trees) and its own view of load; requests
+    /// alternate between them, as behind a round-robin proxy.
+    pub routers: usize,
+    /// How long one router's load and registrations take to reach the
+    /// others, milliseconds (negative: never; they share only the index,
+    /// fed by the same events).
+    pub share_delay_ms: f64,
 }
 
 impl Default for ClusterConfig {
@@ -50,12 +59,16 @@ impl Default for ClusterConfig {
             speedup: 1.0,
             model: CostModel::default(),
             request_order: false,
+            routers: 1,
+            share_delay_ms: 2.0,
         }
     }
 }
 
-/// Builds a policy's profile over the cluster's index.
-type BuildProfile = Box<dyn Fn(Arc<Index>, &ClusterConfig) -> Profile + Send + Sync>;
+/// Builds a policy's profile over the cluster's index, registering what it
+/// routes into the given table.
+type BuildProfile =
+    Box<dyn Fn(Arc<Index>, &ClusterConfig, Arc<RoutedChains>) -> Profile + Send + Sync>;
 
 /// A routing policy: a name and how to build its profile over the index.
 pub struct Policy {
@@ -75,6 +88,19 @@ impl Policy {
     pub fn new(
         name: impl Into<String>,
         build: impl Fn(Arc<Index>, &ClusterConfig) -> Profile + Send + Sync + 'static,
+    ) -> Self {
+        Policy {
+            name: name.into(),
+            build: Box::new(move |index, cfg, _| build(index, cfg)),
+        }
+    }
+
+    /// A policy whose profile registers what it routes into the table it is
+    /// given (speculative registrations), so that several routers running
+    /// it can share them.
+    pub fn with_routed(
+        name: impl Into<String>,
+        build: impl Fn(Arc<Index>, &ClusterConfig, Arc<RoutedChains>) -> Profile + Send + Sync + 'static,
     ) -> Self {
         Policy {
             name: name.into(),
@@ -109,12 +135,45 @@ struct SimPod {
     busy_us: u64,
 }
 
+/// One router's load on one pod, as shared.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Load {
+    in_flight: u32,
+    prefilling: u32,
+    queued: u64,
+    kv: u64,
+}
+
+/// One router replica.
+struct RouterSide {
+    profile: Profile,
+    fleet: Fleet,
+    table: Arc<RoutedChains>,
+    /// What it knows of each router's load per pod: `seen[j][p]`.
+    seen: Vec<Vec<Load>>,
+}
+
 #[derive(PartialEq, Eq, PartialOrd, Ord)]
 enum Kind {
     // Order within one instant: deliveries, then step ends, then arrivals.
     Deliver(usize),
+    /// A shared message reaches another router (index into `shares`).
+    Share(usize),
     StepDone(usize),
     Arrival(usize),
+}
+
+/// A message between routers.
+enum Shared {
+    /// Router `from`'s load on pod `pod`, for router `to`.
+    Load {
+        to: usize,
+        from: usize,
+        pod: usize,
+        load: Load,
+    },
+    /// Router `to` registers request `req`'s chain on pod `pod`.
+    Routed { to: usize, req: usize, pod: usize },
 }
 
 /// Runs one policy over a trace and reports what it reached.
@@ -122,9 +181,9 @@ pub struct Simulation<'a> {
     cfg: &'a ClusterConfig,
     trace: &'a [Request],
     index: Arc<Index>,
-    fleet: Fleet,
+    routers: Vec<RouterSide>,
+    shares: Vec<Option<Shared>>,
     pods: Vec<SimPod>,
-    profile: Profile,
     records: Vec<RequestRecord>,
     queue: BinaryHeap<Reverse<(u64, u64, Kind)>>,
     seq: u64,
@@ -147,13 +206,11 @@ impl<'a> Simulation<'a> {
     /// A cluster of idle pods, an empty index and `policy`'s profile.
     pub fn new(trace: &'a [Request], cfg: &'a ClusterConfig, policy: &Policy) -> Self {
         let index = Index::new(IndexConfig::default());
-        let fleet = Fleet::new();
-        let pods = (0..cfg.pods)
+        let pods: Vec<SimPod> = (0..cfg.pods)
             .map(|i| {
                 let id = index
                     .join(&PodKey::new(format!("sim://pod-{i}"), 0))
                     .expect("the index holds 256 pods; the simulator caps pods at that");
-                fleet.upsert(PodState::new(id, Role::Both));
                 SimPod {
                     id,
                     cache: BlockCache::new(cfg.gpu_blocks, cfg.cpu_blocks),
@@ -165,14 +222,28 @@ impl<'a> Simulation<'a> {
                 }
             })
             .collect();
-        let profile = (policy.build)(index.clone(), cfg);
+        let routers = (0..cfg.routers.max(1))
+            .map(|_| {
+                let fleet = Fleet::new();
+                for p in &pods {
+                    fleet.upsert(PodState::new(p.id, Role::Both));
+                }
+                let table = Arc::new(RoutedChains::new(Memory::SPECULATIVE));
+                RouterSide {
+                    profile: (policy.build)(index.clone(), cfg, table.clone()),
+                    fleet,
+                    table,
+                    seen: vec![vec![Load::default(); cfg.pods]; cfg.routers.max(1)],
+                }
+            })
+            .collect();
         Simulation {
             cfg,
             trace,
             index,
-            fleet,
+            routers,
+            shares: Vec::new(),
             pods,
-            profile,
             records: trace
                 .iter()
                 .map(|r| {
@@ -240,7 +311,7 @@ impl<'a> Simulation<'a> {
                     let p = self.route(r);
                     self.records[r].pod = p;
                     self.pods[p].waiting.push_back(r);
-                    self.sync_fleet(p);
+                    self.sync_fleet(p, t);
                     if !self.pods[p].stepping {
                         self.start_step(p, t);
                     }
@@ -255,6 +326,11 @@ impl<'a> Simulation<'a> {
                     for e in &events {
                         // Events of live pods always apply.
                         let _ = self.index.apply(e);
+                    }
+                }
+                Kind::Share(i) => {
+                    if let Some(m) = self.shares[i].take() {
+                        self.receive(m, t);
                     }
                 }
             }
@@ -272,6 +348,65 @@ impl<'a> Simulation<'a> {
         self.pods.iter().map(|p| p.busy_us).collect()
     }
 
+    /// The router request `r` goes through (alternating).
+    fn router_of(&self, r: usize) -> usize {
+        r % self.routers.len()
+    }
+
+    /// Sends `m` to arrive after the sharing delay (never when negative).
+    fn share(&mut self, m: Shared, now: u64) {
+        if self.cfg.share_delay_ms < 0.0 {
+            return;
+        }
+        let delay = (self.cfg.share_delay_ms * 1000.0) as u64;
+        if delay == 0 || self.cfg.request_order {
+            self.receive(m, now);
+            return;
+        }
+        self.shares.push(Some(m));
+        let i = self.shares.len() - 1;
+        self.push(now + delay, Kind::Share(i));
+    }
+
+    fn receive(&mut self, m: Shared, now: u64) {
+        match m {
+            Shared::Load {
+                to,
+                from,
+                pod,
+                load,
+            } => {
+                self.routers[to].seen[from][pod] = load;
+                self.apply_view(to, pod);
+            }
+            Shared::Routed { to, req, pod } => {
+                let id = self.pods[pod].id;
+                self.routers[to]
+                    .table
+                    .insert_remote(id, &self.hashes[req], now / 1000);
+            }
+        }
+    }
+
+    /// Sets router `k`'s view of pod `p` from what it has seen.
+    fn apply_view(&self, k: usize, p: usize) {
+        let side = &self.routers[k];
+        let sum = side.seen.iter().fold(Load::default(), |a, s| Load {
+            in_flight: a.in_flight + s[p].in_flight,
+            prefilling: a.prefilling + s[p].prefilling,
+            queued: a.queued + s[p].queued,
+            kv: a.kv + s[p].kv,
+        });
+        let total = self.cfg.gpu_blocks as u64;
+        side.fleet.update(self.pods[p].id, &mut |s| {
+            s.in_flight = sum.in_flight;
+            s.prefilling = sum.prefilling;
+            s.queued_prefill_tokens = sum.queued;
+            s.kv_blocks_used = sum.kv;
+            s.kv_blocks_total = total;
+        });
+    }
+
     fn route(&mut self, r: usize) -> usize {
         let req = &self.trace[r];
         let mut ctx = Context::new();
@@ -282,13 +417,19 @@ impl<'a> Simulation<'a> {
         if let Some(s) = req.session {
             ctx.insert(SESSION_ID, s.to_string());
         }
+        let k = self.router_of(r);
         let mut pods = Vec::with_capacity(self.pods.len());
-        self.fleet.snapshot_into(&mut pods);
+        self.routers[k].fleet.snapshot_into(&mut pods);
         let t0 = Instant::now();
-        let decided = self.profile.decide(&mut ctx, &mut pods);
+        let decided = self.routers[k].profile.decide(&mut ctx, &mut pods);
         self.decision_ns.push(t0.elapsed().as_nanos() as u64);
         let pod = decided.map(|d| d.pod).unwrap_or(self.pods[0].id);
-        self.pods.iter().position(|p| p.id == pod).unwrap_or(0)
+        let p = self.pods.iter().position(|x| x.id == pod).unwrap_or(0);
+        let now = (self.records[r].arrival_ms * 1000.0) as u64;
+        for to in (0..self.routers.len()).filter(|&to| to != k) {
+            self.share(Shared::Routed { to, req: r, pod: p }, now);
+        }
+        p
     }
 
     /// Request-order mode has no time, so no load: without a proxy a
@@ -321,21 +462,24 @@ impl<'a> Simulation<'a> {
         self.flush_changes(p, 0);
     }
 
-    /// Adds (or takes back) one request of the request-order load proxy.
+    /// Adds (or takes back) one request of the request-order load proxy
+    /// (every router sees it: this mode has no time to delay it by).
     fn window_load(&self, (p, tokens, blocks): (usize, u64, u64), add: bool) {
-        self.fleet.update(self.pods[p].id, &mut |s| {
-            if add {
-                s.in_flight += 1;
-                s.prefilling += 1;
-                s.queued_prefill_tokens += tokens;
-                s.kv_blocks_used += blocks;
-            } else {
-                s.in_flight = s.in_flight.saturating_sub(1);
-                s.prefilling = s.prefilling.saturating_sub(1);
-                s.queued_prefill_tokens = s.queued_prefill_tokens.saturating_sub(tokens);
-                s.kv_blocks_used = s.kv_blocks_used.saturating_sub(blocks);
-            }
-        });
+        for side in &self.routers {
+            side.fleet.update(self.pods[p].id, &mut |s| {
+                if add {
+                    s.in_flight += 1;
+                    s.prefilling += 1;
+                    s.queued_prefill_tokens += tokens;
+                    s.kv_blocks_used += blocks;
+                } else {
+                    s.in_flight = s.in_flight.saturating_sub(1);
+                    s.prefilling = s.prefilling.saturating_sub(1);
+                    s.queued_prefill_tokens = s.queued_prefill_tokens.saturating_sub(tokens);
+                    s.kv_blocks_used = s.kv_blocks_used.saturating_sub(blocks);
+                }
+            });
+        }
     }
 
     /// Turns a pod's cache changes into events for the index, delivered
@@ -358,31 +502,68 @@ impl<'a> Simulation<'a> {
         }
     }
 
-    fn sync_fleet(&self, p: usize) {
+    /// Each router's part of pod `p`'s load (the requests it routed
+    /// there), known at once to itself and after the sharing delay to the
+    /// others.
+    fn sync_fleet(&mut self, p: usize, now: u64) {
+        let n = self.routers.len();
+        let mut parts = vec![Load::default(); n];
         let pod = &self.pods[p];
-        let waiting_tokens: u64 = pod
-            .waiting
-            .iter()
-            .map(|&r| self.trace[r].input_tokens)
-            .sum();
-        let running_tokens: u64 = pod.running.iter().map(|r| r.prefill_left).sum();
-        let waiting_blocks: u64 = pod
-            .waiting
-            .iter()
-            .map(|&r| self.trace[r].blocks.len() as u64)
-            .sum();
-        let in_flight = (pod.waiting.len() + pod.running.len()) as u32;
-        let prefilling =
-            (pod.waiting.len() + pod.running.iter().filter(|r| r.prefill_left > 0).count()) as u32;
+        for &r in &pod.waiting {
+            let l = &mut parts[r % n];
+            l.in_flight += 1;
+            l.prefilling += 1;
+            l.queued += self.trace[r].input_tokens;
+            l.kv += self.trace[r].blocks.len() as u64;
+        }
+        // Running requests hold the blocks the cache pins, shared between
+        // them: each router's part in proportion to its requests' blocks.
         let pinned = pod.cache.pinned() as u64;
-        let total = self.cfg.gpu_blocks as u64;
-        self.fleet.update(pod.id, &mut |s| {
-            s.in_flight = in_flight;
-            s.prefilling = prefilling;
-            s.queued_prefill_tokens = waiting_tokens + running_tokens;
-            s.kv_blocks_used = pinned + waiting_blocks;
-            s.kv_blocks_total = total;
-        });
+        let running_blocks: u64 = pod
+            .running
+            .iter()
+            .map(|run| self.trace[run.req].blocks.len() as u64)
+            .sum();
+        for run in &pod.running {
+            let l = &mut parts[run.req % n];
+            l.in_flight += 1;
+            l.prefilling += u32::from(run.prefill_left > 0);
+            l.queued += run.prefill_left;
+        }
+        if running_blocks > 0 {
+            let mut per = vec![0u64; n];
+            for run in &pod.running {
+                per[run.req % n] += self.trace[run.req].blocks.len() as u64;
+            }
+            let mut given = 0;
+            for (j, b) in per.iter().enumerate() {
+                let share = if j == n - 1 {
+                    pinned - given
+                } else {
+                    (pinned * b).checked_div(running_blocks).unwrap_or(0)
+                };
+                given += share;
+                parts[j].kv += share;
+            }
+        }
+        for (j, load) in parts.into_iter().enumerate() {
+            if self.routers[j].seen[j][p] == load {
+                continue;
+            }
+            self.routers[j].seen[j][p] = load;
+            self.apply_view(j, p);
+            for to in (0..n).filter(|&to| to != j) {
+                self.share(
+                    Shared::Load {
+                        to,
+                        from: j,
+                        pod: p,
+                        load,
+                    },
+                    now,
+                );
+            }
+        }
     }
 
     fn start_step(&mut self, p: usize, now: u64) {
@@ -415,7 +596,7 @@ impl<'a> Simulation<'a> {
         if pod.running.is_empty() {
             pod.stepping = false;
             self.flush_changes(p, now);
-            self.sync_fleet(p);
+            self.sync_fleet(p, now);
             return;
         }
         let mut budget = model.token_budget;
@@ -446,7 +627,7 @@ impl<'a> Simulation<'a> {
         pod.step_started = now;
         self.push(now + step_us, Kind::StepDone(p));
         self.flush_changes(p, now);
-        self.sync_fleet(p);
+        self.sync_fleet(p, now);
     }
 
     /// Applies a finished step; returns how many requests completed.

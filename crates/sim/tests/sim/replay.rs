@@ -200,3 +200,61 @@ fn request_order_mode_does_not_collapse_onto_one_pod() {
         }
     }
 }
+
+/// The bundled Mooncake trace, its first `n` requests.
+fn mooncake(n: usize) -> Vec<Request> {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../assets/traces/synthetic_trace.jsonl"
+    ))
+    .unwrap();
+    let mut t = router_sim::parse_mooncake(&text).unwrap();
+    t.truncate(n);
+    t
+}
+
+#[test]
+fn router_replicas_sharing_load_keep_one_routers_hits_and_latency() {
+    let trace = mooncake(3000);
+    let run = |name: &str, routers: usize, share_delay_ms: f64| {
+        let mut cfg = ClusterConfig::default();
+        cfg.routers = routers;
+        cfg.share_delay_ms = share_delay_ms;
+        let p = policies::builtin(name).unwrap();
+        Simulation::new(&trace, &cfg, &p).run(name, |_| {})
+    };
+    let one = run("cache-aware", 1, 2.0);
+    let shared = run("cache-aware", 4, 2.0);
+    let blind = run("cache-aware", 4, -1.0);
+    // Four replicas sharing load and registrations within 2 ms route as
+    // one router does.
+    assert!(
+        (shared.block_hit_rate - one.block_hit_rate).abs() < 0.01,
+        "{} against {}",
+        shared.block_hit_rate,
+        one.block_hit_rate
+    );
+    assert!(
+        shared.ttft_p90_ms < one.ttft_p90_ms * 1.05,
+        "{} against {}",
+        shared.ttft_p90_ms,
+        one.ttft_p90_ms
+    );
+    // Without sharing, each sees a quarter of the load: latency suffers.
+    assert!(
+        blind.ttft_p90_ms > shared.ttft_p90_ms * 1.1,
+        "{} against {}",
+        blind.ttft_p90_ms,
+        shared.ttft_p90_ms
+    );
+    // SMG's tree is fed by its own routing: each replica knows a quarter
+    // of what was routed, and its hit rate falls.
+    let smg_one = run("smg-cache-aware", 1, 2.0);
+    let smg_four = run("smg-cache-aware", 4, 2.0);
+    assert!(
+        smg_four.block_hit_rate < smg_one.block_hit_rate - 0.1,
+        "{} against {}",
+        smg_four.block_hit_rate,
+        smg_one.block_hit_rate
+    );
+}
