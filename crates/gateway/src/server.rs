@@ -297,7 +297,7 @@ impl Gateway {
             )),
             None => None,
         };
-        let log_hasher: Arc<dyn router_core::BlockHasher> = Arc::new(hasher.clone());
+        let log_hasher: Arc<dyn router_core::BlockHasher> = Arc::new(hasher);
         let pods = Arc::new(Pods::new(
             index.clone(),
             subscriber,
