@@ -268,6 +268,8 @@ pub(crate) struct Counters {
     pub(crate) load_received: AtomicU64,
     pub(crate) routed_received: AtomicU64,
     pub(crate) routed_dropped: AtomicU64,
+    /// Connections made to the server (1 after the first).
+    pub(crate) connections: AtomicU64,
 }
 
 pub(crate) fn bump(c: &AtomicU64) {
@@ -301,11 +303,26 @@ impl Replica {
     /// store exist (file storage: they survive a server restart).
     pub async fn connect(cfg: NatsConfig) -> Result<Replica, NatsError> {
         cfg.check()?;
+        let counters = Arc::new(Counters::default());
+        let seen = counters.clone();
         let client = async_nats::ConnectOptions::new()
+            .event_callback(move |event| {
+                let seen = seen.clone();
+                async move {
+                    if matches!(event, async_nats::Event::Connected) {
+                        bump(&seen.connections);
+                    }
+                }
+            })
             .name(format!("cache-router {}", cfg.replica))
             .connection_timeout(Duration::from_secs(2))
             .retry_on_initial_connect()
             .max_reconnects(None)
+            // A restarted server is found again within a second, not the
+            // client's default backoff of up to several seconds.
+            .reconnect_delay_callback(|attempts| {
+                Duration::from_millis((attempts as u64 * 100).min(1000))
+            })
             .connect(cfg.url.as_str())
             .await
             .map_err(|e| server("connect", e))?;
@@ -334,7 +351,6 @@ impl Replica {
             .await
             .map_err(|e| server("create the snapshot store", e))?;
         }
-        let counters = Arc::new(Counters::default());
         let relay = relay::Publisher::start(js.clone(), counters.clone());
         Ok(Replica {
             cfg,

@@ -438,6 +438,9 @@ async fn run(
                 .create_consumer(jetstream::consumer::pull::OrderedConfig {
                     filter_subject: format!("{}.ev.>", cfg.prefix),
                     deliver_policy: start,
+                    // Short pulls: a restarted server (whose consumers are
+                    // gone) is noticed within seconds, not half a minute.
+                    max_expires: Duration::from_secs(2),
                     ..Default::default()
                 })
                 .await
@@ -457,8 +460,20 @@ async fn run(
             }
         };
         backoff = Duration::from_millis(50);
+        // A server that restarted lost this consumer: noticing it by missed
+        // heartbeats takes the client tens of seconds, so a new connection
+        // makes the consumer again at once.
+        let connections = |c: &Counters| c.connections.load(Ordering::Relaxed);
+        let counters = shared.state.lock().as_ref().map(|s| s.counters.clone());
+        let connected = counters.as_deref().map_or(0, connections);
+        let mut watch = tokio::time::interval(Duration::from_millis(100));
         loop {
             tokio::select! {
+                _ = watch.tick() => {
+                    if counters.as_deref().map_or(0, connections) != connected {
+                        break;
+                    }
+                }
                 m = messages.next() => match m {
                     Some(Ok(m)) => {
                         let mut guard = shared.state.lock();

@@ -104,11 +104,13 @@ fn view(r: &Router, chains: &[Vec<BlockHash>]) -> Vec<(u64, Vec<u32>)> {
 }
 
 async fn until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
+    let start = Instant::now();
+    let deadline = start + limit;
     while !f() {
         assert!(Instant::now() < deadline, "after {limit:?}: {what}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    eprintln!("{what}: {:?}", start.elapsed());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -184,7 +186,21 @@ async fn replicas_agree_restart_from_snapshots_and_lose_nothing_across_a_nats_re
         || view(&a, &samples) == want && view(&b, &samples) == want,
     )
     .await;
-    for r in [&a, &b] {
+    until(
+        "the outage's batches reach the log",
+        Duration::from_secs(20),
+        || a.replica.stats().log_position >= before + 2,
+    )
+    .await;
+    let d = router(&nats.url(), "d", "t1", &publisher, false).await;
+    until(
+        "a replica started after the outage agrees, from the log alone",
+        Duration::from_secs(5),
+        || view(&d, &samples) == want,
+    )
+    .await;
+    assert_eq!(d.replica.stats().snapshot_loaded_at, at);
+    for r in [&a, &b, &d] {
         let s = r.replica.stats();
         assert_eq!(
             (s.log_gaps, s.log_restarts, s.relay_dropped),
@@ -192,6 +208,7 @@ async fn replicas_agree_restart_from_snapshots_and_lose_nothing_across_a_nats_re
             "{s:?}"
         );
     }
+    drop(d);
 
     // Phase 4: a corrupt snapshot newer than every good one is refused
     // with a clear error; the replica (the log alone) uses the older one
