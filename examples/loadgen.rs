@@ -29,6 +29,52 @@ use router_gateway::{Config, DEFAULT_CONFIG, Gateway, POD_HEADER, PREDICTED_HEAD
 use router_hash::ChainHasher;
 use serde_json::{Value, json};
 
+/// Pass 1 then pass 2 of the same sessions over one set of engines, pass 2
+/// through the gateway of pass 1 (`kept`) or a new one (`restarted`), each
+/// on fresh engines. Returns the failed turns.
+async fn restart_rows(
+    args: &Arc<Args>,
+    base: &Config,
+    profile: &str,
+    tok: &router_hash::ModelTokenizer,
+    hasher: &ChainHasher,
+) -> usize {
+    let mut failed = 0;
+    for restart in [false, true] {
+        let mut config = base.clone();
+        config.gateway.listen = ([127, 0, 0, 1], 0).into();
+        config.gateway.profile = profile.to_owned();
+        if let Some(sim) = config.simulated.as_mut() {
+            sim.time_scale = args.time_scale;
+            if let Some(blocks) = args.gpu_blocks {
+                sim.gpu_blocks = blocks;
+            }
+        }
+        // The engines' owner serves no request; the gateways route to them.
+        let owner = Gateway::start(config.clone()).await.expect("a gateway");
+        let mut over = config.clone();
+        over.simulated = None;
+        over.pods = owner.engine_pods();
+        let first = Gateway::start(over.clone()).await.expect("a gateway");
+        let s = drive(args.clone(), &[first.url()], &format!("{profile} pass 1"), tok, hasher).await;
+        println!("{}", s.row());
+        failed += s.failed();
+        let (label, second) = if restart {
+            drop(first);
+            let g = Gateway::start(over).await.expect("a gateway");
+            // What it learns at start (the engines' replay buffers).
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            ("pass 2 restarted", g)
+        } else {
+            ("pass 2 kept", first)
+        };
+        let s = drive(args.clone(), &[second.url()], &format!("{profile} {label}"), tok, hasher).await;
+        println!("{}", s.row());
+        failed += s.failed();
+    }
+    failed
+}
+
 /// A `[nats]` table for replica `replica` on stream `prefix`, sharing
 /// what `share` names (`load`, `routed`; `all`, `none`).
 fn nats_section(
@@ -70,6 +116,11 @@ struct Args {
     /// this NATS server (JetStream on), as `[nats]` does.
     #[arg(long)]
     nats: Option<String>,
+    /// Two passes of the same sessions over the same engines, the second
+    /// through a freshly started gateway (and, for comparison, through the
+    /// one that served the first): a restarted gateway on warm engines.
+    #[arg(long)]
+    restart_between_passes: bool,
     /// With `--nats`: what the replicas share besides the event log
     /// (`all`, `none`, or `load`, `routed` comma-separated).
     #[arg(long, default_value = "all")]
@@ -443,6 +494,10 @@ async fn main() {
         args.profiles.as_str()
     };
     for profile in profiles.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        if args.restart_between_passes {
+            failed += restart_rows(&args, &base, profile, &tok, &hasher).await;
+            continue;
+        }
         let mut config = base.clone();
         config.gateway.listen = ([127, 0, 0, 1], 0).into();
         config.gateway.profile = profile.to_owned();

@@ -1,7 +1,7 @@
 //! Snapshot cost for 1M blocks across 64 pods: encode, decode, and
 //! import into `router-index` (what a starting replica does before it
-//! replays the stream). The NATS object-store round trip is measured by
-//! `examples/replicas.rs --snapshot-bench` against a real server.
+//! replays the stream). With `NATS_URL` set (a server with JetStream on),
+//! also the object-store round trip: put, and get with decode.
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -78,6 +78,42 @@ fn bench(c: &mut Criterion) {
             black_box(index.stats().entries)
         })
     });
+    if let Ok(url) = std::env::var("NATS_URL") {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let store = rt.block_on(async {
+            let client = async_nats::connect(url.as_str()).await.expect("NATS_URL answers");
+            let js = async_nats::jetstream::new(client);
+            let _ = js.delete_object_store("bench-snapshots").await;
+            js.create_object_store(async_nats::jetstream::object_store::Config {
+                bucket: "bench-snapshots".into(),
+                storage: async_nats::jetstream::stream::StorageType::File,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+        });
+        g.bench_function("put_to_object_store", |b| {
+            b.iter(|| {
+                rt.block_on(async {
+                    store.put("snap", &mut bytes.as_slice()).await.unwrap();
+                })
+            })
+        });
+        g.bench_function("get_from_object_store_and_decode", |b| {
+            b.iter(|| {
+                rt.block_on(async {
+                    use tokio::io::AsyncReadExt;
+                    let mut out = Vec::with_capacity(bytes.len());
+                    store.get("snap").await.unwrap().read_to_end(&mut out).await.unwrap();
+                    black_box(Snapshot::decode(&out).unwrap().blocks())
+                })
+            })
+        });
+    }
     g.finish();
 }
 
