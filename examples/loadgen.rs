@@ -56,7 +56,14 @@ async fn restart_rows(
         over.simulated = None;
         over.pods = owner.engine_pods();
         let first = Gateway::start(over.clone()).await.expect("a gateway");
-        let s = drive(args.clone(), &[first.url()], &format!("{profile} pass 1"), tok, hasher).await;
+        let s = drive(
+            args.clone(),
+            &[first.url()],
+            &format!("{profile} pass 1"),
+            tok,
+            hasher,
+        )
+        .await;
         println!("{}", s.row());
         failed += s.failed();
         let (label, second) = if restart {
@@ -68,7 +75,14 @@ async fn restart_rows(
         } else {
             ("pass 2 kept", first)
         };
-        let s = drive(args.clone(), &[second.url()], &format!("{profile} {label}"), tok, hasher).await;
+        let s = drive(
+            args.clone(),
+            &[second.url()],
+            &format!("{profile} {label}"),
+            tok,
+            hasher,
+        )
+        .await;
         println!("{}", s.row());
         failed += s.failed();
     }
@@ -121,6 +135,12 @@ struct Args {
     /// one that served the first): a restarted gateway on warm engines.
     #[arg(long)]
     restart_between_passes: bool,
+    /// Restart embedded engine 0 this long into each run (down for 300 ms,
+    /// back on the same addresses with an empty cache and its event
+    /// sequence from 0): the `exact` column shows whether anything stale
+    /// was routed on.
+    #[arg(long)]
+    restart_engine_after_ms: Option<u64>,
     /// With `--nats`: what the replicas share besides the event log
     /// (`all`, `none`, or `load`, `routed` comma-separated).
     #[arg(long, default_value = "all")]
@@ -539,7 +559,37 @@ async fn main() {
             }
         }
         let urls: Vec<String> = gateways.iter().map(Gateway::url).collect();
+        let restarter = args.restart_engine_after_ms.map(|after| {
+            let mut owner = gateways.remove(0);
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(after)).await;
+                tokio::task::spawn_blocking(move || {
+                    owner.engines_mut()[0].kill();
+                    std::thread::sleep(Duration::from_millis(300));
+                    if let Err(e) = owner.engines_mut()[0].restart() {
+                        eprintln!("loadgen: engine 0 did not restart: {e}");
+                    }
+                    owner
+                })
+                .await
+                .expect("the restart ran")
+            })
+        });
         let s = drive(args.clone(), &urls, profile, &tok, &hasher).await;
+        if let Some(r) = restarter {
+            let owner = r.await.expect("the restart ran");
+            let m = reqwest::get(format!("{}/metrics", owner.url()))
+                .await
+                .expect("metrics")
+                .text()
+                .await
+                .unwrap_or_default();
+            let restarts = m
+                .lines()
+                .find(|l| l.starts_with("cache_router_engine_restarts_total "))
+                .unwrap_or("cache_router_engine_restarts_total ?");
+            eprintln!("loadgen: engine 0 restarted; the gateway says {restarts}");
+        }
         println!("{}", s.row());
         failed += s.failed();
         drop(gateways);

@@ -85,7 +85,9 @@ fn bench(c: &mut Criterion) {
             .build()
             .unwrap();
         let store = rt.block_on(async {
-            let client = async_nats::connect(url.as_str()).await.expect("NATS_URL answers");
+            let client = async_nats::connect(url.as_str())
+                .await
+                .expect("NATS_URL answers");
             let js = async_nats::jetstream::new(client);
             let _ = js.delete_object_store("bench-snapshots").await;
             js.create_object_store(async_nats::jetstream::object_store::Config {
@@ -108,7 +110,13 @@ fn bench(c: &mut Criterion) {
                 rt.block_on(async {
                     use tokio::io::AsyncReadExt;
                     let mut out = Vec::with_capacity(bytes.len());
-                    store.get("snap").await.unwrap().read_to_end(&mut out).await.unwrap();
+                    store
+                        .get("snap")
+                        .await
+                        .unwrap()
+                        .read_to_end(&mut out)
+                        .await
+                        .unwrap();
                     black_box(Snapshot::decode(&out).unwrap().blocks())
                 })
             })
