@@ -68,6 +68,11 @@ fn load(args: &Args) -> Result<Config, router_gateway::Error> {
         if let Some(r) = &args.replica {
             text.push_str(&format!("replica = {r:?}\n"));
         }
+        if config.simulated.is_some() {
+            // Simulated engines are new on every run: a log of their own,
+            // not the history of the last run's engines under the same names.
+            text.push_str(&format!("prefix = \"sim-{}\"\n", std::process::id()));
+        }
         let table = toml::from_str(&text).map_err(|e| router_gateway::Error::Config {
             line: 0,
             message: format!("--nats/--replica: {e}"),
