@@ -1,5 +1,6 @@
 //! The dependency rule of the design brief, checked over `cargo metadata`:
-//! `core` <- `hash`, `index`, `events`, `policy`; `policy` <- `exec`. Only the
+//! `core` <- `hash`, `index`, `events`, `policy`; `policy` <- `exec`;
+//! `events`, `policy` <- `nats`. Only the
 //! facade and the reference integrations (`router-sim`, `router-gateway`)
 //! name concrete crates of other layers (dev dependencies are free: tests
 //! may use real implementations).
@@ -17,6 +18,12 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
         ("router-events", &["router-core"][..]),
         ("router-policy", &["router-core"][..]),
         ("router-exec", &["router-core", "router-policy"][..]),
+        // Replicas feed the data and decision layers' state; nothing
+        // depends on them but the gateway.
+        (
+            "router-nats",
+            &["router-core", "router-events", "router-policy"][..],
+        ),
     ])
 }
 
