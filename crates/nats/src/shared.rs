@@ -1,8 +1,9 @@
 //! In-flight load and speculative registrations, shared between replicas.
 //!
-//! Load: every `load_every` a replica compares its own load per pod (the
-//! fleet's state minus what it added for others) with what it last
-//! published, and publishes on change, or as a heartbeat every lease/3.
+//! Load: at every change of the fleet (and every `load_every`) a replica
+//! compares its own load per pod (the fleet's state minus what it added for
+//! others) with what it last published, and publishes on change, or as a
+//! heartbeat every lease/3.
 //! What others published is added to the fleet's states and taken out again
 //! when newer news replaces it or its lease runs out, so a replica that dies
 //! leaves no phantom load behind.
@@ -121,8 +122,14 @@ async fn load_loop(
     let heartbeat = cfg.lease / 3;
     let mut tick = tokio::time::interval(cfg.load_every.max(Duration::from_millis(1)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Woken at every change of the fleet, so a request's load reaches the
+    // others within the NATS round trip, not the next tick.
+    let changed = Arc::new(tokio::sync::Notify::new());
+    let wake = changed.clone();
+    fleet.set_watcher(Some(Arc::new(move |_| wake.notify_one())));
     loop {
         tokio::select! {
+            () = changed.notified() => {}
             m = sub.next() => {
                 let Some(m) = m else { return };
                 match serde_json::from_slice::<LoadMessage>(&m.payload) {

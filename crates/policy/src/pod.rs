@@ -134,15 +134,35 @@ pub trait PodStateSink: Send + Sync {
 }
 
 /// The fleet's pod states: a small, lock-protected table.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Fleet {
     pods: RwLock<Vec<PodState>>,
+    watcher: RwLock<Option<FleetWatcher>>,
+}
+
+/// Told after every change of a pod's state (see [`Fleet::set_watcher`]).
+pub type FleetWatcher = std::sync::Arc<dyn Fn(PodId) + Send + Sync>;
+
+impl std::fmt::Debug for Fleet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fleet")
+            .field("pods", &*self.pods.read())
+            .field("watched", &self.watcher.read().is_some())
+            .finish()
+    }
 }
 
 impl Fleet {
     /// An empty fleet.
     pub fn new() -> Self {
         Fleet::default()
+    }
+
+    /// Calls `watcher` after every [`PodStateSink::update`] of a known pod
+    /// (outside the table's lock), for example to share load with other
+    /// router replicas as it changes. `None` removes it.
+    pub fn set_watcher(&self, watcher: Option<FleetWatcher>) {
+        *self.watcher.write() = watcher;
     }
 
     /// Adds a pod or replaces its state.
@@ -174,8 +194,15 @@ impl Fleet {
 
 impl PodStateSink for Fleet {
     fn update(&self, pod: PodId, f: &mut dyn FnMut(&mut PodState)) {
-        if let Some(p) = self.pods.write().iter_mut().find(|p| p.id == pod) {
-            f(p);
+        let found = match self.pods.write().iter_mut().find(|p| p.id == pod) {
+            Some(p) => {
+                f(p);
+                true
+            }
+            None => false,
+        };
+        if found && let Some(w) = self.watcher.read().as_ref() {
+            w(pod);
         }
     }
 }
