@@ -1,39 +1,60 @@
 #!/usr/bin/env bash
 # The project's test command (README "Run the tests"; CI runs exactly this).
 # Sets up what the tests need on a fresh machine, then runs every check.
-set -euo pipefail
+#
+# Every stage runs even when an earlier one failed (a flaky test must not
+# hide the state of the rest); the script fails at the end, naming the
+# stages that failed. Only the setup stops it at once.
+set -uo pipefail
 cd "$(dirname "$0")/.."
 
-step() { printf '\n==> %s\n' "$*"; }
+failed=()
+step() { printf '\n==> %s\n' "$*"; current="$*"; }
+# Runs the rest of the line as one stage's command, recording a failure.
+# (Not inside an `if`: that would switch off `set -e` in a stage's subshell.)
+check() {
+    "$@"
+    local rc=$?
+    if [ "$rc" -ne 0 ]; then
+        printf '\n!!! stage failed (exit %s): %s\n' "$rc" "$current"
+        failed+=("$current")
+    fi
+}
 
-step "Python reference stack in .venv (parity goldens; later the event publisher)"
+step "Python reference stack in .venv (parity goldens, the event publisher, the NATS server)"
 if [ ! -x .venv/bin/python ]; then
-    python3 -m venv .venv
+    python3 -m venv .venv || exit 1
 fi
-.venv/bin/pip install --quiet --disable-pip-version-check -r scripts/requirements.txt
+.venv/bin/pip install --quiet --disable-pip-version-check -r scripts/requirements.txt || exit 1
 
 step "Goldens agree with the reference implementations"
-.venv/bin/python scripts/gen_hash_golden.py --check
-.venv/bin/python scripts/gen_parity_golden.py --check
+check .venv/bin/python scripts/gen_hash_golden.py --check
+check .venv/bin/python scripts/gen_parity_golden.py --check
 
 step "cargo fmt --check"
-cargo fmt --all -- --check
+check cargo fmt --all -- --check
 
 step "cargo clippy (workspace, all targets, -D warnings)"
-cargo clippy --workspace --all-targets --locked -- -D warnings
+check cargo clippy --workspace --all-targets --locked -- -D warnings
 
 step "cargo test (unit, integration, doc tests)"
-cargo test --workspace --locked
+check cargo test --workspace --locked --no-fail-fast
 
 step "loom models of router-index (cfg router_loom, LOOM_MAX_PREEMPTIONS=2, --release)"
-RUSTFLAGS="--cfg router_loom" LOOM_MAX_PREEMPTIONS=2 CARGO_TARGET_DIR=target/loom \
+check env RUSTFLAGS="--cfg router_loom" LOOM_MAX_PREEMPTIONS=2 CARGO_TARGET_DIR=target/loom \
     cargo test -p router-index --release --locked --lib loom
 
 step "the main job runs (README: cargo run --release --example replay; debug build here)"
-cargo run --locked --example replay -- --quiet --out target/replay-ci
-test -s target/replay-ci/replay.csv && test -s target/replay-ci/replay.json && test -s target/replay-ci/replay.svg
+main_job() {
+    cargo run --locked --example replay -- --quiet --out target/replay-ci &&
+        test -s target/replay-ci/replay.csv && test -s target/replay-ci/replay.json &&
+        test -s target/replay-ci/replay.svg
+}
+check main_job
 
 step "the gateway example serves (simulated engines) and the load generator runs against it"
+gateway_and_loadgen() (
+set -e
 cargo build --locked --example gateway --example loadgen
 port=$(.venv/bin/python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 ./target/debug/examples/gateway --listen "127.0.0.1:$port" > target/gateway-ci.log 2>&1 &
@@ -61,11 +82,18 @@ kill $gateway_pid
 trap - EXIT
 ./target/debug/examples/loadgen --sessions 8 --turns 2 --concurrency 4 --time-scale 0.2 \
     --profiles cache-aware,round-robin
+)
+check gateway_and_loadgen
 
 step "cargo doc (RUSTDOCFLAGS=-D warnings)"
-RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
+check env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 
 step "benches compile"
-cargo bench --workspace --no-run --locked
+check cargo bench --workspace --no-run --locked
 
+if [ ${#failed[@]} -gt 0 ]; then
+    printf '\n!!! %d stage(s) failed:\n' "${#failed[@]}"
+    printf '  - %s\n' "${failed[@]}"
+    exit 1
+fi
 step "all checks passed"

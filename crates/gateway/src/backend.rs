@@ -62,6 +62,32 @@ impl HttpBackend {
 /// The body a step sends: a prefill runs one token without streaming and
 /// asks for a cache handle (vLLM's disaggregated-serving protocol,
 /// `kv_transfer_params`); a decode step carries the handle it got.
+/// The largest non-streamed engine answer read (16 MiB).
+const MAX_RESPONSE: usize = 16 << 20;
+/// The largest engine error body read (64 KiB).
+const MAX_ERROR_BODY: usize = 64 << 10;
+
+/// Reads a response body of at most `limit` bytes; a longer one, or one
+/// that fails midway, is an error saying so.
+async fn read_limited(mut resp: reqwest::Response, limit: usize) -> Result<Vec<u8>, String> {
+    if resp.content_length().is_some_and(|n| n > limit as u64) {
+        return Err(format!("an engine response over {limit} bytes"));
+    }
+    let mut out = Vec::new();
+    loop {
+        match resp.chunk().await {
+            Ok(Some(c)) => {
+                if out.len() + c.len() > limit {
+                    return Err(format!("an engine response over {limit} bytes"));
+                }
+                out.extend_from_slice(&c);
+            }
+            Ok(None) => return Ok(out),
+            Err(e) => return Err(format!("the engine response broke off: {e}")),
+        }
+    }
+}
+
 fn step_body(req: StepRequest) -> Value {
     let mut body = req.body;
     match req.kind {
@@ -208,7 +234,10 @@ impl Backend for HttpBackend {
             let status = resp.status();
             if !status.is_success() {
                 let code = status.as_u16();
-                let text = resp.text().await.unwrap_or_default();
+                let text = match read_limited(resp, MAX_ERROR_BODY).await {
+                    Ok(b) => String::from_utf8_lossy(&b).into_owned(),
+                    Err(e) => e,
+                };
                 // 408 and 429 say "not now", not "never": another pod may take it.
                 return Err(if status.is_client_error() && code != 408 && code != 429 {
                     BackendError::Rejected {
@@ -227,9 +256,10 @@ impl Backend for HttpBackend {
             if streamed {
                 return Ok(sse_chunks(resp));
             }
-            let v: Value = resp
-                .json()
+            let bytes = read_limited(resp, MAX_RESPONSE)
                 .await
+                .map_err(BackendError::Failed)?;
+            let v: Value = serde_json::from_slice(&bytes)
                 .map_err(|e| BackendError::Failed(format!("a response that is not JSON: {e}")))?;
             Ok(futures::stream::iter(whole_chunks(v)).boxed())
         }

@@ -93,6 +93,18 @@ pub struct GatewayConfig {
     /// Largest request body accepted, in bytes (413 beyond).
     #[serde(default = "default_max_body")]
     pub max_body_bytes: usize,
+    /// How long a client may take to send a request's headers (and, on a
+    /// kept-alive connection, to start the next request), in ms: the
+    /// connection is closed past it.
+    #[serde(default = "default_header_timeout")]
+    pub header_timeout_ms: u64,
+    /// With a token, the `/admin` calls need `Authorization: Bearer <token>`
+    /// (401 without it).
+    #[serde(default)]
+    pub admin_token: Option<String>,
+    /// How long a client may take to send a request's body, in ms (408).
+    #[serde(default = "default_body_timeout")]
+    pub body_timeout_ms: u64,
     /// A request's deadline from routing to its last chunk, in ms (504).
     #[serde(default = "default_timeout")]
     pub request_timeout_ms: u64,
@@ -306,6 +318,12 @@ fn default_health_interval() -> u64 {
 fn default_unhealthy_after() -> u32 {
     2
 }
+fn default_header_timeout() -> u64 {
+    10_000
+}
+fn default_body_timeout() -> u64 {
+    30_000
+}
 fn default_unhealthy_grace() -> u64 {
     30_000
 }
@@ -340,6 +358,7 @@ impl Config {
             message: e.message().to_owned(),
         })?;
         c.text = text.to_owned();
+        normalise_pods(&mut c.pods)?;
         if c.gateway.tokenizer.is_relative() {
             c.gateway.tokenizer = base.join(&c.gateway.tokenizer);
         }
@@ -393,28 +412,112 @@ impl Config {
                 message: e.to_string(),
             })?;
         }
-        check_pods(&self.pods)
+        Ok(())
     }
 }
 
 /// Pod names must be unique and URLs HTTP.
-pub(crate) fn check_pods(pods: &[PodConfig]) -> Result<(), Error> {
-    let mut seen = std::collections::HashSet::new();
-    for p in pods {
-        if !seen.insert(p.name.as_str()) {
-            return Err(Error::Pods(format!("two pods are named `{}`", p.name)));
+/// The longest pod name accepted.
+pub(crate) const MAX_POD_NAME: usize = 64;
+
+/// Checks a pod list and puts it in normal form: names of 1 to 64 letters,
+/// digits, `.`, `_` or `-` (they end up in logs, metric labels and admin
+/// paths); URLs parsed, `http://` with a host (this build has no TLS),
+/// without a trailing `/`; event endpoints `tcp://host:port`. Two pods with
+/// the same name or the same URL are a conflict.
+pub(crate) fn normalise_pods(pods: &mut [PodConfig]) -> Result<(), Error> {
+    for p in pods.iter_mut() {
+        normalise_pod(p)?;
+    }
+    let mut names = std::collections::HashSet::new();
+    let mut urls = std::collections::HashSet::new();
+    for p in pods.iter() {
+        if !names.insert(p.name.as_str()) {
+            return Err(Error::PodConflict(format!(
+                "two pods are named `{}`",
+                p.name
+            )));
         }
-        if !(p.url.starts_with("http://") || p.url.starts_with("https://")) {
+        if !urls.insert(p.url.as_str()) {
+            return Err(Error::PodConflict(format!(
+                "two pods have the url `{}`",
+                p.url
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Checks one pod and puts it in normal form (see [`normalise_pods`]).
+pub(crate) fn normalise_pod(p: &mut PodConfig) -> Result<(), Error> {
+    let shown: String = p
+        .name
+        .chars()
+        .take(MAX_POD_NAME)
+        .collect::<String>()
+        .escape_debug()
+        .to_string();
+    if p.name.is_empty()
+        || p.name.len() > MAX_POD_NAME
+        || !p
+            .name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    {
+        return Err(Error::Pods(format!(
+            "pod name \"{shown}\" must be 1 to {MAX_POD_NAME} letters, digits, `.`, `_` or `-`"
+        )));
+    }
+    let url = reqwest::Url::parse(&p.url).map_err(|e| {
+        Error::Pods(format!(
+            "pod `{}`: url `{}`: {e}",
+            p.name,
+            p.url.escape_debug()
+        ))
+    })?;
+    match url.scheme() {
+        "http" => {}
+        "https" => {
             return Err(Error::Pods(format!(
-                "pod `{}`: url `{}` is not http(s)://",
+                "pod `{}`: url `{}`: https:// is not supported by this build (engines behind a gateway speak plain HTTP)",
                 p.name, p.url
             )));
         }
-        for ep in p.events.iter().chain(p.replay.iter()) {
-            if !ep.starts_with("tcp://") {
+        other => {
+            return Err(Error::Pods(format!(
+                "pod `{}`: url `{}`: scheme `{other}` is not http://",
+                p.name, p.url
+            )));
+        }
+    }
+    if url.host_str().is_none_or(str::is_empty) || url.query().is_some() || url.fragment().is_some()
+    {
+        return Err(Error::Pods(format!(
+            "pod `{}`: url `{}` needs a host and no query or fragment",
+            p.name, p.url
+        )));
+    }
+    p.url = url.as_str().trim_end_matches('/').to_owned();
+    for ep in p.events.iter_mut().chain(p.replay.iter_mut()) {
+        let parsed = reqwest::Url::parse(ep).ok().filter(|u| {
+            u.scheme() == "tcp"
+                && u.host_str().is_some_and(|h| !h.is_empty())
+                && u.port().is_some()
+                && u.path().trim_matches('/').is_empty()
+        });
+        match parsed {
+            Some(u) => {
+                *ep = format!(
+                    "tcp://{}:{}",
+                    u.host_str().unwrap_or_default(),
+                    u.port().unwrap_or(0)
+                );
+            }
+            None => {
                 return Err(Error::Pods(format!(
-                    "pod `{}`: event endpoint `{ep}` is not tcp://",
-                    p.name
+                    "pod `{}`: event endpoint `{}` is not tcp://host:port",
+                    p.name,
+                    ep.escape_debug()
                 )));
             }
         }

@@ -329,7 +329,7 @@ async fn run(
         .route("/health", get(|| async { "" }))
         .with_state(engine.clone());
     let tasks = vec![
-        tokio::spawn(crate::serve(listener, app)),
+        tokio::spawn(crate::serve(listener, app, Duration::from_secs(30))),
         tokio::spawn(publish(
             publisher,
             rx,
@@ -522,9 +522,31 @@ impl Engine {
     }
 
     async fn generate(self: Arc<Self>, api: Api, raw: &[u8]) -> Result<Response, ApiError> {
-        let body = openai::parse_body(raw)?;
-        openai::check_model(&body, &self.cfg.model)?;
-        let tokens = openai::prompt_tokens(api, &body, &self.cfg.tokenizer)?;
+        // Parsed and tokenized off the runtime's thread: a large prompt must
+        // not stop this engine from answering `/health` meanwhile.
+        let (raw, engine) = (raw.to_vec(), self.clone());
+        let (body, tokens) = tokio::task::spawn_blocking(move || {
+            let body = openai::parse_body(&raw)?;
+            openai::check_model(&body, &engine.cfg.model)?;
+            let tokens = openai::prompt_tokens(api, &body, &engine.cfg.tokenizer)?;
+            Ok::<_, ApiError>((body, tokens))
+        })
+        .await
+        .map_err(|e| ApiError::new(500, "server_error", "engine_task", e.to_string()))??;
+        let bs = self.cfg.block_size.max(1) as usize;
+        if tokens.len().div_ceil(bs) > self.cfg.gpu_blocks {
+            // As vLLM refuses a prompt longer than the model's context.
+            return Err(ApiError::new(
+                400,
+                "invalid_request_error",
+                "prompt_too_long",
+                format!(
+                    "the prompt has {} tokens, more than this engine's KV cache holds ({} blocks of {bs})",
+                    tokens.len(),
+                    self.cfg.gpu_blocks
+                ),
+            ));
+        }
         let max_tokens = ["max_tokens", "max_completion_tokens"]
             .iter()
             .find_map(|k| body.get(*k).and_then(Value::as_u64))
@@ -553,7 +575,6 @@ impl Engine {
             blocks: blocks.clone(),
         };
         self.announce(&blocks, &tokens); // evictions made room
-        let bs = self.cfg.block_size as usize;
         let cached = ((admission.gpu_hits + admission.cpu_hits) * bs).min(tokens.len());
         let new = (tokens.len() - cached) as f64;
         let c = &self.cfg.cost;

@@ -20,9 +20,12 @@ pub enum Error {
         /// The cause.
         source: std::io::Error,
     },
-    /// A pod list is inconsistent (duplicate names, bad URLs).
+    /// A pod is malformed (its name, URL or endpoints).
     #[error("pods: {0}")]
     Pods(String),
+    /// A pod's name or URL is taken.
+    #[error("pods: {0}")]
+    PodConflict(String),
     /// The tokenizer could not be loaded.
     #[error("tokenizer: {0}")]
     Tokenizer(#[from] router_hash::Error),

@@ -41,15 +41,36 @@ mod sse;
 mod wire;
 
 /// Serves `app` on `listener` until the task is dropped, with `TCP_NODELAY`
-/// on every connection: small SSE chunks must not wait for Nagle's
-/// algorithm (about 40 ms on a kept-alive connection). The gateway and the
-/// simulated engines both serve through it.
-async fn serve(listener: tokio::net::TcpListener, app: axum::Router) {
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+/// on every connection (small SSE chunks must not wait for Nagle's
+/// algorithm, about 40 ms on a kept-alive connection) and a connection
+/// closed when a request's headers take longer than `header_timeout` to
+/// arrive, the first request's or, on a kept-alive connection, the next
+/// one's (a client trickling headers, or holding an idle connection, is
+/// dropped). The gateway and the simulated engines both serve through it.
+async fn serve(listener: tokio::net::TcpListener, app: axum::Router, header_timeout: Duration) {
+    loop {
+        let tcp = match listener.accept().await {
+            Ok((tcp, _)) => tcp,
+            Err(_) => {
+                // Out of descriptors, say: do not spin.
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
         let _ = tcp.set_nodelay(true);
-    });
-    let _ = axum::serve(listener, app).await;
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        tokio::spawn(async move {
+            let mut http = hyper::server::conn::http1::Builder::new();
+            http.timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(header_timeout);
+            let _ = http
+                .serve_connection(hyper_util::rt::TokioIo::new(tcp), service)
+                .await;
+        });
+    }
 }
+
+use std::time::Duration;
 
 pub use backend::HttpBackend;
 pub use config::{

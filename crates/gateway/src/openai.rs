@@ -116,7 +116,10 @@ impl IntoResponse for ApiError {
 /// Parses a request body: a JSON object, or a 400.
 pub(crate) fn parse_body(bytes: &[u8]) -> Result<Value, ApiError> {
     match serde_json::from_slice::<Value>(bytes) {
-        Ok(v @ Value::Object(_)) => Ok(v),
+        Ok(mut v @ Value::Object(_)) => {
+            normalise(&mut v)?;
+            Ok(v)
+        }
         Ok(_) => Err(ApiError::bad_request(
             "the request body must be a JSON object",
             None,
@@ -126,6 +129,88 @@ pub(crate) fn parse_body(bytes: &[u8]) -> Result<Value, ApiError> {
             None,
         )),
     }
+}
+
+/// A boolean as pydantic's lax mode reads one (vLLM's request models):
+/// `true`/`false`, `0`/`1` (ints or floats), and the strings `0 1 f t n y
+/// no yes off on false true` in any case. `None`: not a boolean.
+fn lax_bool(v: &Value) -> Option<bool> {
+    match v {
+        Value::Bool(b) => Some(*b),
+        Value::Number(n) => match n.as_f64() {
+            Some(0.0) => Some(false),
+            Some(1.0) => Some(true),
+            _ => None,
+        },
+        Value::String(s) => match s.to_ascii_lowercase().as_str() {
+            "0" | "f" | "n" | "no" | "off" | "false" => Some(false),
+            "1" | "t" | "y" | "yes" | "on" | "true" => Some(true),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// Reads `stream`, `stream_options.include_usage` and `n` as vLLM's server
+/// does (lax booleans, integer strings) and writes them back as JSON
+/// booleans and integers, so the gateway and the engine agree on them; a
+/// value vLLM would refuse is a 400 naming the field. `null` is absent.
+fn normalise(body: &mut Value) -> Result<(), ApiError> {
+    let o = body.as_object_mut().expect("an object");
+    match o.get("stream") {
+        None | Some(Value::Null) => {
+            o.remove("stream");
+        }
+        Some(v) => {
+            let b = lax_bool(v).ok_or_else(|| {
+                ApiError::bad_request("`stream` must be a boolean", Some("stream"))
+            })?;
+            o.insert("stream".into(), Value::Bool(b));
+        }
+    }
+    if let Some(opts) = o.get_mut("stream_options") {
+        match opts {
+            Value::Null => {}
+            Value::Object(m) => match m.get("include_usage") {
+                None | Some(Value::Null) => {}
+                Some(v) => {
+                    let b = lax_bool(v).ok_or_else(|| {
+                        ApiError::bad_request(
+                            "`stream_options.include_usage` must be a boolean",
+                            Some("stream_options"),
+                        )
+                    })?;
+                    m.insert("include_usage".into(), Value::Bool(b));
+                }
+            },
+            _ => {
+                return Err(ApiError::bad_request(
+                    "`stream_options` must be an object",
+                    Some("stream_options"),
+                ));
+            }
+        }
+    }
+    match o.get("n") {
+        None | Some(Value::Null) => {}
+        Some(v) => {
+            let n = match v {
+                Value::Number(n) => n.as_u64().or_else(|| {
+                    n.as_f64()
+                        .filter(|x| x.fract() == 0.0 && *x >= 0.0)
+                        .map(|x| x as u64)
+                }),
+                Value::String(s) => s.trim().parse::<u64>().ok(),
+                _ => None,
+            }
+            .filter(|&n| n >= 1)
+            .ok_or_else(|| {
+                ApiError::bad_request("`n` must be an integer of at least 1", Some("n"))
+            })?;
+            o.insert("n".into(), Value::from(n));
+        }
+    }
+    Ok(())
 }
 
 /// Checks the body's `model` against the served one.
@@ -277,4 +362,49 @@ pub(crate) fn is_usage_only(v: &Value) -> bool {
         && v.get("choices")
             .and_then(Value::as_array)
             .is_none_or(Vec::is_empty)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn stream_and_n_are_read_as_vllm_reads_them() {
+        for (v, want) in [
+            (json!(true), true),
+            (json!("true"), true),
+            (json!("Yes"), true),
+            (json!(1), true),
+            (json!(1.0), true),
+            (json!("off"), false),
+            (json!(0), false),
+            (json!(false), false),
+        ] {
+            let body = json!({"model": "m", "stream": v.clone(), "n": "2"}).to_string();
+            let parsed = parse_body(body.as_bytes()).unwrap();
+            assert_eq!(parsed["stream"], json!(want), "{v}");
+            assert_eq!(is_stream(&parsed), want);
+            assert_eq!(parsed["n"], json!(2));
+        }
+        let parsed =
+            parse_body(br#"{"stream": null, "stream_options": {"include_usage": "1"}}"#).unwrap();
+        assert!(parsed.get("stream").is_none() && !is_stream(&parsed));
+        assert!(wants_usage(&parsed));
+        for bad in [
+            r#"{"stream": "maybe"}"#,
+            r#"{"stream": 2}"#,
+            r#"{"stream": [true]}"#,
+            r#"{"stream_options": 3}"#,
+            r#"{"stream_options": {"include_usage": "x"}}"#,
+            r#"{"n": 0}"#,
+            r#"{"n": 1.5}"#,
+            r#"{"n": "two"}"#,
+            r#"{"n": -1}"#,
+        ] {
+            let e = parse_body(bad.as_bytes()).unwrap_err();
+            assert_eq!(e.status, 400, "{bad}");
+        }
+    }
 }

@@ -25,7 +25,7 @@ use serde::Serialize;
 
 use crate::Error;
 use crate::backend::HttpBackend;
-use crate::config::{PodConfig, check_pods};
+use crate::config::{PodConfig, normalise_pod, normalise_pods};
 
 /// A pod as `GET /admin/pods` shows it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -54,6 +54,8 @@ struct Entry {
     unhealthy_since: Option<Instant>,
     /// Whether it was shut down in the index (past the grace period).
     out: bool,
+    /// Whether it answered its last probe (`false` before the first).
+    answered: bool,
 }
 
 /// The pod set.
@@ -73,6 +75,9 @@ pub(crate) struct Pods {
     retired: Mutex<IngestStats>,
     /// The replicas' shared log, when running as one of several.
     pub(crate) replica: Option<Arc<router_nats::Replica>>,
+    /// Whether a whole probe round has ended (until then `/health` says
+    /// "starting": a pod's health is not known before it is probed).
+    probed_once: std::sync::atomic::AtomicBool,
 }
 
 fn key_of(c: &PodConfig) -> PodKey {
@@ -104,6 +109,7 @@ impl Pods {
         replica: Option<Arc<router_nats::Replica>>,
     ) -> Self {
         Pods {
+            probed_once: std::sync::atomic::AtomicBool::new(false),
             replica,
             routed,
             approx,
@@ -161,14 +167,20 @@ impl Pods {
     }
 
     /// Adds a pod.
-    pub(crate) fn add(&self, c: PodConfig) -> Result<PodId, Error> {
-        check_pods(std::slice::from_ref(&c))?;
+    pub(crate) fn add(&self, mut c: PodConfig) -> Result<PodId, Error> {
+        normalise_pod(&mut c)?;
         let mut entries = self.entries.lock();
         if entries.contains_key(&c.name) {
-            return Err(Error::Pods(format!("a pod named `{}` exists", c.name)));
+            return Err(Error::PodConflict(format!(
+                "a pod named `{}` exists",
+                c.name
+            )));
         }
-        if entries.values().any(|e| e.config.url == c.url) {
-            return Err(Error::Pods(format!("pod url `{}` is taken", c.url)));
+        if let Some((name, _)) = entries.iter().find(|(_, e)| e.config.url == c.url) {
+            return Err(Error::PodConflict(format!(
+                "pod `{name}` has the url `{}`",
+                c.url
+            )));
         }
         let id = self.join(&c)?;
         entries.insert(
@@ -180,6 +192,7 @@ impl Pods {
                 failed_probes: 0,
                 unhealthy_since: None,
                 out: false,
+                answered: false,
             },
         );
         Ok(id)
@@ -201,9 +214,9 @@ impl Pods {
     /// replaces changed ones. Returns (added, removed) names.
     pub(crate) fn replace_all(
         &self,
-        wanted: Vec<PodConfig>,
+        mut wanted: Vec<PodConfig>,
     ) -> Result<(Vec<String>, Vec<String>), Error> {
-        check_pods(&wanted)?;
+        normalise_pods(&mut wanted)?;
         let current: BTreeMap<String, PodConfig> = self
             .entries
             .lock()
@@ -282,6 +295,7 @@ impl Pods {
         let Some(e) = entries.get_mut(name) else {
             return; // removed meanwhile
         };
+        e.answered = ok;
         if ok {
             e.failed_probes = 0;
             if e.healthy {
@@ -339,6 +353,20 @@ impl Pods {
         }
     }
 
+    /// Pods that are healthy and answered their last probe.
+    pub(crate) fn answering(&self) -> usize {
+        self.entries
+            .lock()
+            .values()
+            .filter(|e| e.healthy && e.answered)
+            .count()
+    }
+
+    /// Whether a whole probe round has ended.
+    pub(crate) fn probed_once(&self) -> bool {
+        self.probed_once.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     /// (name, url) of every pod, for the prober.
     pub(crate) fn probe_targets(&self) -> Vec<(String, String)> {
         self.entries
@@ -377,6 +405,8 @@ pub(crate) async fn probe_loop(
         for (name, ok) in futures::future::join_all(probes).await {
             pods.probed(&name, ok, unhealthy_after, grace);
         }
+        pods.probed_once
+            .store(true, std::sync::atomic::Ordering::Release);
     }
 }
 

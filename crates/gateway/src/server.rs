@@ -55,6 +55,8 @@ struct AppState {
     namespace: Namespace,
     block_size: u64,
     max_body: usize,
+    body_timeout: Duration,
+    admin_token: Option<String>,
     tokenize: Semaphore,
     pods: Arc<Pods>,
     breaker: Arc<CircuitBreaker>,
@@ -252,7 +254,7 @@ impl Gateway {
                 engines.push(e);
             }
         }
-        crate::config::check_pods(&config.pods)?;
+        crate::config::normalise_pods(&mut config.pods)?;
 
         let metrics = Arc::new(Metrics::new());
         let index: Arc<Index> = Index::new(IndexConfig::default());
@@ -340,6 +342,8 @@ impl Gateway {
             hasher,
             block_size: u64::from(g.block_size),
             max_body: g.max_body_bytes,
+            body_timeout: Duration::from_millis(g.body_timeout_ms.max(1)),
+            admin_token: g.admin_token.clone().filter(|t| !t.is_empty()),
             tokenize: Semaphore::new(g.tokenize_concurrency),
             pods: pods.clone(),
             breaker,
@@ -369,7 +373,11 @@ impl Gateway {
                     message: e.to_string(),
                 })?;
         let tasks = vec![
-            tokio::spawn(crate::serve(listener, app)),
+            tokio::spawn(crate::serve(
+                listener,
+                app,
+                Duration::from_millis(g.header_timeout_ms.max(1)),
+            )),
             tokio::spawn(probe_loop(
                 pods,
                 probe_client,
@@ -475,15 +483,25 @@ async fn models(State(s): State<Arc<AppState>>) -> Response {
 
 async fn health(State(s): State<Arc<AppState>>) -> Response {
     let pods = s.pods.ids();
-    let healthy = pods.iter().filter(|p| p.2).count();
-    let status = if healthy > 0 {
-        StatusCode::OK
+    if !s.pods.probed_once() {
+        // No pod has been probed yet: nothing is known to be healthy.
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(json!({"status": "starting", "pods": pods.len(), "healthy_pods": 0})),
+        )
+            .into_response();
+    }
+    // Healthy and answering its last probe (a pod one failure away from
+    // being filtered out is not counted).
+    let healthy = s.pods.answering();
+    let (status, word) = if healthy > 0 {
+        (StatusCode::OK, "ok")
     } else {
-        StatusCode::SERVICE_UNAVAILABLE
+        (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
     };
     (
         status,
-        axum::Json(json!({"pods": pods.len(), "healthy_pods": healthy})),
+        axum::Json(json!({"status": word, "pods": pods.len(), "healthy_pods": healthy})),
     )
         .into_response()
 }
@@ -575,15 +593,76 @@ async fn metrics(State(s): State<Arc<AppState>>) -> Response {
         .into_response()
 }
 
-async fn list_pods(State(s): State<Arc<AppState>>) -> Response {
+async fn list_pods(State(s): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    if let Err(e) = admin_auth(&s, &headers) {
+        return e.into_response();
+    }
     axum::Json(s.pods.views()).into_response()
 }
 
 fn admin_error(e: &Error) -> Response {
-    ApiError::new(400, "invalid_request_error", "bad_pods", e.to_string()).into_response()
+    match e {
+        Error::PodConflict(_) => {
+            ApiError::new(409, "invalid_request_error", "pod_conflict", e.to_string())
+        }
+        _ => ApiError::new(400, "invalid_request_error", "bad_pods", e.to_string()),
+    }
+    .into_response()
 }
 
-async fn add_pod(State(s): State<Arc<AppState>>, body: Bytes) -> Response {
+/// The largest admin request body read (1 MiB: a pod list).
+const MAX_ADMIN_BODY: usize = 1 << 20;
+
+/// An admin call's body, or the JSON refusal to send instead; and the
+/// bearer token check when `admin_token` is set.
+async fn admin_request(s: &AppState, headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
+    admin_auth(s, headers)?;
+    axum::body::to_bytes(body, MAX_ADMIN_BODY)
+        .await
+        .map_err(|_| {
+            ApiError::new(
+                413,
+                "invalid_request_error",
+                "request_too_large",
+                format!("an admin request body is at most {MAX_ADMIN_BODY} bytes"),
+            )
+        })
+}
+
+/// Refuses an admin call without the configured bearer token (401).
+fn admin_auth(s: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(token) = &s.admin_token else {
+        return Ok(());
+    };
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    // Compared in full whatever the prefix that matches.
+    let ok = given.is_some_and(|g| {
+        g.len() == token.len()
+            && g.bytes()
+                .zip(token.bytes())
+                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                == 0
+    });
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            401,
+            "invalid_request_error",
+            "unauthorized",
+            "the admin API needs `Authorization: Bearer <admin_token>`".into(),
+        ))
+    }
+}
+
+async fn add_pod(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+    let body = match admin_request(&s, &headers, body).await {
+        Ok(b) => b,
+        Err(e) => return e.into_response(),
+    };
     let pod: PodConfig = match serde_json::from_slice(&body) {
         Ok(p) => p,
         Err(e) => return ApiError::bad_request(format!("not a pod: {e}"), None).into_response(),
@@ -598,7 +677,11 @@ async fn add_pod(State(s): State<Arc<AppState>>, body: Bytes) -> Response {
     }
 }
 
-async fn replace_pods(State(s): State<Arc<AppState>>, body: Bytes) -> Response {
+async fn replace_pods(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+    let body = match admin_request(&s, &headers, body).await {
+        Ok(b) => b,
+        Err(e) => return e.into_response(),
+    };
     let pods: Vec<PodConfig> = match serde_json::from_slice(&body) {
         Ok(p) => p,
         Err(e) => {
@@ -613,7 +696,14 @@ async fn replace_pods(State(s): State<Arc<AppState>>, body: Bytes) -> Response {
     }
 }
 
-async fn remove_pod(State(s): State<Arc<AppState>>, UrlPath(name): UrlPath<String>) -> Response {
+async fn remove_pod(
+    State(s): State<Arc<AppState>>,
+    headers: HeaderMap,
+    UrlPath(name): UrlPath<String>,
+) -> Response {
+    if let Err(e) = admin_auth(&s, &headers) {
+        return e.into_response();
+    }
     if s.pods.remove(&name) {
         StatusCode::NO_CONTENT.into_response()
     } else {
@@ -621,14 +711,17 @@ async fn remove_pod(State(s): State<Arc<AppState>>, UrlPath(name): UrlPath<Strin
             404,
             "invalid_request_error",
             "pod_not_found",
-            format!("no pod `{name}`"),
+            format!("no pod `{}`", name.escape_debug()),
         )
         .into_response()
     }
 }
 
 /// Re-reads the configuration file and applies its `[[pods]]`.
-async fn reload(State(s): State<Arc<AppState>>) -> Response {
+async fn reload(State(s): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    if let Err(e) = admin_auth(&s, &headers) {
+        return e.into_response();
+    }
     let Some(path) = &s.config_path else {
         return ApiError::new(
             409,
@@ -741,9 +834,25 @@ async fn route(
     if declared.is_some_and(|n| n > s.max_body) {
         return Err(too_large());
     }
-    let raw = axum::body::to_bytes(body, s.max_body)
-        .await
-        .map_err(|_| too_large())?;
+    // A body that stops arriving is a 408, not a connection held open.
+    let raw =
+        match tokio::time::timeout(s.body_timeout, axum::body::to_bytes(body, s.max_body)).await {
+            Ok(r) => r.map_err(|_| too_large())?,
+            Err(_) => {
+                return Err((
+                    "body_timeout",
+                    ApiError::new(
+                        408,
+                        "invalid_request_error",
+                        "request_timeout",
+                        format!(
+                            "the request body did not arrive within {} ms",
+                            s.body_timeout.as_millis()
+                        ),
+                    ),
+                ));
+            }
+        };
     let mut body = openai::parse_body(&raw).map_err(|e| ("bad_request", e))?;
     openai::check_model(&body, &s.model).map_err(|e| {
         let kind = if e.status == 404 {

@@ -4,8 +4,8 @@
 //! Lines end with `\n` (a `\r` before it is dropped); an event is its
 //! `data:` lines joined with `\n`, ended by a blank line; comments (`:`)
 //! and other fields (`event:`, `id:`, `retry:`) are ignored, as an OpenAI
-//! stream carries none that matter. A line longer than the limit is an
-//! error rather than unbounded buffering.
+//! stream carries none that matter. A line or an event longer than its
+//! limit is an error rather than unbounded buffering.
 
 /// Why a stream could not be decoded.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -17,6 +17,9 @@ pub enum SseError {
     /// A line grew past the limit without ending.
     #[error("a server-sent event line is longer than {0} bytes")]
     LineTooLong(usize),
+    /// An event's data lines grew past the limit without a blank line.
+    #[error("a server-sent event is longer than {0} bytes")]
+    EventTooLong(usize),
 }
 
 /// An incremental decoder.
@@ -25,22 +28,31 @@ pub struct SseDecoder {
     line: Vec<u8>,
     data: Option<String>,
     max_line: usize,
+    max_event: usize,
 }
 
 impl Default for SseDecoder {
+    /// Lines and events of up to 16 MiB.
     fn default() -> Self {
         SseDecoder::new(16 << 20)
     }
 }
 
 impl SseDecoder {
-    /// A decoder refusing lines over `max_line` bytes.
+    /// A decoder refusing lines and events over `max_line` bytes.
     pub fn new(max_line: usize) -> Self {
         SseDecoder {
             line: Vec::new(),
             data: None,
             max_line,
+            max_event: max_line,
         }
+    }
+
+    /// Refuses events whose data exceeds `max_event` bytes.
+    pub fn max_event(mut self, max_event: usize) -> Self {
+        self.max_event = max_event;
+        self
     }
 
     /// Feeds `bytes`, pushing the data of every event they complete.
@@ -74,6 +86,11 @@ impl SseDecoder {
             None => (line, ""),
         };
         if field == "data" {
+            let had = self.data.as_ref().map_or(0, |d| d.len() + 1);
+            if had + value.len() > self.max_event {
+                self.data = None;
+                return Err(SseError::EventTooLong(self.max_event));
+            }
             match &mut self.data {
                 Some(d) => {
                     d.push('\n');

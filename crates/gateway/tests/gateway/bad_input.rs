@@ -156,3 +156,222 @@ async fn a_backend_slower_than_the_deadline_is_a_504_without_leaks() {
         .unwrap();
     assert_eq!(models["data"][0]["id"], MODEL);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_says_starting_until_probed_and_counts_only_answering_pods() {
+    let text = format!(
+        r#"[gateway]
+listen = "127.0.0.1:0"
+model = "{}"
+tokenizer = "../../assets/tokenizers/qwen3"
+health_interval_ms = 300
+unhealthy_after = 5
+
+[[pods]]
+name = "dead-0"
+url = "http://127.0.0.1:1"
+
+[[pods]]
+name = "dead-1"
+url = "http://127.0.0.1:2"
+"#,
+        crate::MODEL
+    );
+    let config =
+        router_gateway::Config::parse(&text, std::path::Path::new(env!("CARGO_MANIFEST_DIR")))
+            .unwrap();
+    let gw = router_gateway::Gateway::start(config).await.unwrap();
+    let health = || async {
+        let r = client()
+            .get(format!("{}/health", gw.url()))
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        (status, r.json::<Value>().await.unwrap())
+    };
+    let (status, body) = health().await;
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body["status"] == "starting" || body["status"] == "unavailable",
+        "{body}"
+    );
+    // After the first round: both dead pods failed once (still routable,
+    // unhealthy_after = 5) but neither counts as healthy.
+    crate::eventually(Duration::from_secs(5), "the first probe round", || async {
+        health().await.1["status"] == "unavailable"
+    })
+    .await;
+    let (status, body) = health().await;
+    assert_eq!(
+        (status, body["healthy_pods"].as_u64()),
+        (503, Some(0)),
+        "{body}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_clients_are_cut_off_by_the_header_and_body_timeouts() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let gw = gateway(1, "header_timeout_ms = 400\nbody_timeout_ms = 400", "").await;
+    let addr = gw.addr();
+    // Reads until the server closes (0 bytes or an error), or 5 s.
+    async fn closed_within(s: &mut tokio::net::TcpStream) -> (Duration, String) {
+        let start = std::time::Instant::now();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 1024];
+        loop {
+            match tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => break,
+                Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+                Err(_) => panic!("the connection was still open after 5 s"),
+            }
+        }
+        (start.elapsed(), String::from_utf8_lossy(&got).into_owned())
+    }
+
+    // An idle connection that never sends a request.
+    let mut idle = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (after, _) = closed_within(&mut idle).await;
+    assert!(after < Duration::from_secs(3), "{after:?}");
+
+    // Headers trickled a byte at a time, never finished.
+    let mut trickle = tokio::net::TcpStream::connect(addr).await.unwrap();
+    trickle
+        .write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let writer = tokio::spawn(async move {
+        for _ in 0..50 {
+            if trickle.write_all(b"X").await.is_err() {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        false
+    });
+    assert!(
+        writer.await.unwrap(),
+        "the server kept reading trickled headers for 5 s"
+    );
+
+    // A body declared at 1000 bytes that stops after 10: a 408.
+    let mut short = tokio::net::TcpStream::connect(addr).await.unwrap();
+    short
+        .write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{\"model\":")
+        .await
+        .unwrap();
+    let (after, answer) = closed_within(&mut short).await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("request_timeout"), "{answer}");
+    assert!(after < Duration::from_secs(3), "{after:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_input_is_validated_normalised_and_guarded_by_the_token() {
+    let gw = gateway(1, "admin_token = \"s3cret\"", "").await;
+    let http = client();
+    let url = format!("{}/admin/pods", gw.url());
+    let post_pod = |pod: Value, token: Option<&'static str>| {
+        let mut r = http.post(&url).json(&pod);
+        if let Some(t) = token {
+            r = r.bearer_auth(t);
+        }
+        async move {
+            let r = r.send().await.unwrap();
+            let status = r.status().as_u16();
+            (status, r.json::<Value>().await.unwrap())
+        }
+    };
+    // No token, a wrong one: 401 with OpenAI's error shape.
+    for token in [None, Some("wrong")] {
+        let (status, body) =
+            post_pod(json!({"name": "a", "url": "http://127.0.0.1:9"}), token).await;
+        assert_eq!(status, 401, "{body}");
+        assert_error_shape(&body, "invalid_request_error");
+    }
+    let listed = http.get(&url).send().await.unwrap();
+    assert_eq!(listed.status(), 401);
+    // Bad names and URLs: 400 naming the problem; nothing was added.
+    let long = "n".repeat(100_000);
+    for (pod, what) in [
+        (json!({"name": "", "url": "http://127.0.0.1:9"}), "pod name"),
+        (
+            json!({"name": "a\nb", "url": "http://127.0.0.1:9"}),
+            "pod name",
+        ),
+        (
+            json!({"name": long, "url": "http://127.0.0.1:9"}),
+            "pod name",
+        ),
+        (json!({"name": "a", "url": "http://"}), "url"),
+        (
+            json!({"name": "a", "url": "https://10.0.0.1:8000"}),
+            "https",
+        ),
+        (json!({"name": "a", "url": "ftp://10.0.0.1"}), "scheme"),
+        (
+            json!({"name": "a", "url": "http://127.0.0.1:9", "events": "tcp://not a host:99999"}),
+            "event endpoint",
+        ),
+        (
+            json!({"name": "a", "url": "http://127.0.0.1:9", "events": "tcp://127.0.0.1"}),
+            "event endpoint",
+        ),
+    ] {
+        let (status, body) = post_pod(pod.clone(), Some("s3cret")).await;
+        assert_eq!(status, 400, "{pod}: {body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains(what), "{message}");
+        assert!(!message.contains('\n'), "the name is escaped: {message}");
+        assert!(
+            message.len() < 1000,
+            "the name is cut: {} bytes",
+            message.len()
+        );
+    }
+    assert_eq!(gw.pods().len(), 1);
+    // A URL is normalised: the same engine with a trailing `/` or another
+    // case is a conflict, not a second pod.
+    let (status, _) = post_pod(
+        json!({"name": "extra", "url": "http://LOCALHOST:9/"}),
+        Some("s3cret"),
+    )
+    .await;
+    assert_eq!(status, 201);
+    assert!(
+        gw.pods()
+            .iter()
+            .any(|p| p.config.url == "http://localhost:9")
+    );
+    let (status, body) = post_pod(
+        json!({"name": "extra2", "url": "http://localhost:9"}),
+        Some("s3cret"),
+    )
+    .await;
+    assert_eq!(status, 409, "{body}");
+    let (status, body) = post_pod(
+        json!({"name": "extra", "url": "http://127.0.0.1:10"}),
+        Some("s3cret"),
+    )
+    .await;
+    assert_eq!(status, 409, "{body}");
+    // An oversized admin body: a JSON 413.
+    let big = http
+        .put(&url)
+        .bearer_auth("s3cret")
+        .header("content-type", "application/json")
+        .body(vec![b' '; 3 << 20])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(big.status(), 413);
+    assert_error_shape(&big.json::<Value>().await.unwrap(), "invalid_request_error");
+    let removed = http
+        .delete(format!("{url}/extra"))
+        .bearer_auth("s3cret")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(removed.status(), 204);
+}

@@ -42,7 +42,7 @@ fn bad_configs_are_refused_with_their_line() {
     let dup = format!(
         "{head}[[pods]]\nname = \"a\"\nurl = \"http://x:1\"\n[[pods]]\nname = \"a\"\nurl = \"http://y:1\"\n"
     );
-    assert!(matches!(parse(&dup), Err(Error::Pods(m)) if m.contains("two pods")));
+    assert!(matches!(parse(&dup), Err(Error::PodConflict(m)) if m.contains("two pods")));
     let not_http = format!("{head}[[pods]]\nname = \"a\"\nurl = \"ftp://x\"\n");
     assert!(matches!(parse(&not_http), Err(Error::Pods(_))));
 }

@@ -167,3 +167,23 @@ fn an_endless_line_is_an_error_not_unbounded_memory() {
             .is_err()
     );
 }
+
+#[test]
+fn an_endless_event_of_short_lines_is_an_error_not_unbounded_memory() {
+    let mut d = SseDecoder::new(64).max_event(1000);
+    let mut out = Vec::new();
+    let mut fed = 0;
+    let err = loop {
+        match d.feed(b"data: 0123456789\n", &mut out) {
+            Ok(()) => fed += 1,
+            Err(e) => break e,
+        }
+        assert!(fed < 200, "still buffering after {fed} lines");
+    };
+    assert_eq!(err, router_gateway::SseError::EventTooLong(1000));
+    assert!(out.is_empty());
+    // An event under the limit still decodes.
+    let mut d = SseDecoder::new(64).max_event(1000);
+    d.feed(b"data: a\ndata: b\n\n", &mut out).unwrap();
+    assert_eq!(out, vec!["a\nb".to_owned()]);
+}
