@@ -98,6 +98,12 @@ pub struct GatewayConfig {
     /// connection is closed past it.
     #[serde(default = "default_header_timeout")]
     pub header_timeout_ms: u64,
+    /// The most prompt tokens a request may have (with its `max_tokens`,
+    /// the most it may ask for in all), as vLLM's `max_model_len`: a longer
+    /// one is a 400, refused before tokenizing when its text alone is too
+    /// long. Default: the tokenizer's `model_max_length`; 0: no limit.
+    #[serde(default)]
+    pub max_prompt_tokens: Option<u64>,
     /// With a token, the `/admin` calls need `Authorization: Bearer <token>`
     /// (401 without it).
     #[serde(default)]

@@ -285,6 +285,11 @@ struct Engine {
 
 type Tasks = Vec<tokio::task::JoinHandle<()>>;
 
+/// The largest request body the simulated engine reads: above any
+/// gateway's `max_body_bytes` default, so the gateway's limit is the one a
+/// client meets (vLLM has none of its own).
+const ENGINE_MAX_BODY: usize = 64 << 20;
+
 async fn run(
     cfg: EngineConfig,
     listener: std::net::TcpListener,
@@ -327,6 +332,7 @@ async fn run(
         .route("/v1/chat/completions", post(chat))
         .route("/v1/models", get(models))
         .route("/health", get(|| async { "" }))
+        .layer(axum::extract::DefaultBodyLimit::max(ENGINE_MAX_BODY))
         .with_state(engine.clone());
     let tasks = vec![
         tokio::spawn(crate::serve(listener, app, Duration::from_secs(30))),

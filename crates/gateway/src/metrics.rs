@@ -8,11 +8,22 @@
 use std::time::Duration;
 
 use prometheus::{
-    Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
-    Opts, Registry, TextEncoder,
+    Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 use router_core::PodId;
 use router_exec::{Error as ExecError, Observer, StepKind};
+
+/// A pod's name from its id.
+pub(crate) type PodNamer = std::sync::Arc<dyn Fn(PodId) -> Option<String> + Send + Sync>;
+
+struct Namer(PodNamer);
+
+impl std::fmt::Debug for Namer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Namer")
+    }
+}
 
 /// Every metric the gateway exports.
 #[derive(Debug)]
@@ -38,6 +49,20 @@ pub struct Metrics {
     pub actual_cached_tokens: IntCounter,
     /// Attempts retried on another pod.
     pub retries: IntCounter,
+    /// Answers by pod and status (the pod that served the request).
+    pub pod_requests: IntCounterVec,
+    /// Time to the first chunk, by the pod that served it.
+    pub pod_ttft_seconds: HistogramVec,
+    /// Prompt tokens routed, by pod.
+    pub pod_prompt_tokens: IntCounterVec,
+    /// Cached tokens the index predicted, by pod.
+    pub pod_predicted_cached_tokens: IntCounterVec,
+    /// Cached tokens the engine reported, by pod.
+    pub pod_actual_cached_tokens: IntCounterVec,
+    /// Attempts that failed on a pod and went to another, by the pod.
+    pub pod_retries: IntCounterVec,
+    /// Pod names for the executor's reports (which carry ids).
+    names: std::sync::OnceLock<Namer>,
     pub(crate) events_batches: IntCounter,
     pub(crate) events_applied: IntCounter,
     pub(crate) events_skipped: IntCounterVec,
@@ -124,6 +149,53 @@ impl Metrics {
                 "Attempts that failed before their first chunk and were retried on another pod.",
             )
             .expect("valid"),
+            pod_requests: IntCounterVec::new(
+                Opts::new(
+                    "cache_router_pod_requests_total",
+                    "Answers by the pod that served them and status.",
+                ),
+                &["pod", "status"],
+            )
+            .expect("valid"),
+            pod_ttft_seconds: HistogramVec::new(
+                HistogramOpts::new(
+                    "cache_router_pod_ttft_seconds",
+                    "Time from a request's arrival to its first chunk, by the pod that served it.",
+                )
+                .buckets(prometheus::exponential_buckets(1e-3, 2.0, 16).expect("valid buckets")),
+                &["pod"],
+            )
+            .expect("valid"),
+            pod_prompt_tokens: IntCounterVec::new(
+                Opts::new("cache_router_pod_prompt_tokens_total", "Prompt tokens routed, by pod."),
+                &["pod"],
+            )
+            .expect("valid"),
+            pod_predicted_cached_tokens: IntCounterVec::new(
+                Opts::new(
+                    "cache_router_pod_predicted_cached_tokens_total",
+                    "Cached tokens the index predicted on the chosen pod, by pod.",
+                ),
+                &["pod"],
+            )
+            .expect("valid"),
+            pod_actual_cached_tokens: IntCounterVec::new(
+                Opts::new(
+                    "cache_router_pod_actual_cached_tokens_total",
+                    "Cached tokens the engine reported, by pod.",
+                ),
+                &["pod"],
+            )
+            .expect("valid"),
+            pod_retries: IntCounterVec::new(
+                Opts::new(
+                    "cache_router_pod_retries_total",
+                    "Attempts that failed on a pod and were retried on another, by the failing pod.",
+                ),
+                &["pod"],
+            )
+            .expect("valid"),
+            names: std::sync::OnceLock::new(),
             events_batches: IntCounter::new(
                 "cache_router_event_batches_total",
                 "Engine event batches received.",
@@ -231,7 +303,7 @@ impl Metrics {
                 .expect("valid"),
         };
         let r = &m.registry;
-        let all: [Box<dyn prometheus::core::Collector>; 28] = [
+        let all: [Box<dyn prometheus::core::Collector>; 34] = [
             Box::new(m.requests.clone()),
             Box::new(m.errors.clone()),
             Box::new(m.decision_seconds.clone()),
@@ -242,6 +314,12 @@ impl Metrics {
             Box::new(m.predicted_cached_tokens.clone()),
             Box::new(m.actual_cached_tokens.clone()),
             Box::new(m.retries.clone()),
+            Box::new(m.pod_requests.clone()),
+            Box::new(m.pod_ttft_seconds.clone()),
+            Box::new(m.pod_prompt_tokens.clone()),
+            Box::new(m.pod_predicted_cached_tokens.clone()),
+            Box::new(m.pod_actual_cached_tokens.clone()),
+            Box::new(m.pod_retries.clone()),
             Box::new(m.events_batches.clone()),
             Box::new(m.events_applied.clone()),
             Box::new(m.events_skipped.clone()),
@@ -283,6 +361,18 @@ impl Metrics {
             .inc();
     }
 
+    /// Names pods in the executor's reports.
+    pub(crate) fn set_namer(&self, namer: PodNamer) {
+        let _ = self.names.set(Namer(namer));
+    }
+
+    /// Counts a request's answer served by pod `pod`.
+    pub(crate) fn pod_request(&self, pod: &str, status: u16) {
+        self.pod_requests
+            .with_label_values(&[pod, &status.to_string()])
+            .inc();
+    }
+
     /// Counts an error.
     pub fn error(&self, kind: &str) {
         self.errors.with_label_values(&[kind]).inc();
@@ -302,11 +392,14 @@ impl Observer for Metrics {
         self.decision_seconds.observe(took.as_secs_f64());
     }
 
-    fn attempt_failed(&self, _: PodId, _: &ExecError, will_retry: bool) {
+    fn attempt_failed(&self, pod: PodId, _: &ExecError, will_retry: bool) {
         // An attempt is not a request: `errors` counts each failed request
         // once (by the gateway), `retries` the attempts that went elsewhere.
         if will_retry {
             self.retries.inc();
+            if let Some(name) = self.names.get().and_then(|n| (n.0)(pod)) {
+                self.pod_retries.with_label_values(&[&name]).inc();
+            }
         }
     }
 }

@@ -333,6 +333,43 @@ fn chat_tokens(body: &Value, tok: &ModelTokenizer) -> Result<Vec<u32>, ApiError>
         .map_err(|e| ApiError::bad_request(e.to_string(), Some("messages")))
 }
 
+/// At least how many prompt tokens `body` holds, without tokenizing: token
+/// ids count one each, text counts `min_tokens(bytes)` (its bytes over the
+/// longest token's), message contents and prompt strings summed.
+pub(crate) fn prompt_tokens_at_least(body: &Value, min_tokens: impl Fn(usize) -> usize) -> usize {
+    fn text_bytes(v: &Value) -> usize {
+        match v {
+            Value::String(s) => s.len(),
+            Value::Array(a) => a.iter().map(text_bytes).sum(),
+            Value::Object(o) => o.get("text").map_or(0, text_bytes),
+            _ => 0,
+        }
+    }
+    let mut ids = 0;
+    let mut bytes = 0;
+    match body.get("prompt") {
+        Some(Value::Array(a)) if a.iter().all(Value::is_number) => ids += a.len(),
+        Some(Value::Array(a)) => {
+            for p in a {
+                match p {
+                    Value::Array(inner) if inner.iter().all(Value::is_number) => ids += inner.len(),
+                    other => bytes += text_bytes(other),
+                }
+            }
+        }
+        Some(v) => bytes += text_bytes(v),
+        None => {}
+    }
+    if let Some(Value::Array(msgs)) = body.get("messages") {
+        bytes += msgs
+            .iter()
+            .filter_map(|m| m.get("content"))
+            .map(text_bytes)
+            .sum::<usize>();
+    }
+    ids + min_tokens(bytes)
+}
+
 /// Whether the request asks for a streamed response.
 pub(crate) fn is_stream(body: &Value) -> bool {
     body.get("stream").and_then(Value::as_bool).unwrap_or(false)

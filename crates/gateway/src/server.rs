@@ -57,6 +57,8 @@ struct AppState {
     max_body: usize,
     body_timeout: Duration,
     admin_token: Option<String>,
+    /// The context limit on prompt (and requested) tokens.
+    max_prompt_tokens: Option<u64>,
     tokenize: Semaphore,
     pods: Arc<Pods>,
     breaker: Arc<CircuitBreaker>,
@@ -224,6 +226,7 @@ impl Gateway {
     pub async fn start(mut config: Config) -> Result<Gateway, Error> {
         let g = config.gateway.clone();
         let tokenizer = Arc::new(ModelTokenizer::from_dir(&g.tokenizer)?);
+        let model_max_length = tokenizer.model_max_length();
         let mut engines = Vec::new();
         let mut simulated = Vec::new();
         if let Some(sim) = &config.simulated {
@@ -312,6 +315,8 @@ impl Gateway {
         for p in config.pods.clone() {
             pods.add(p)?;
         }
+        let named = Arc::downgrade(&pods);
+        metrics.set_namer(Arc::new(move |id| named.upgrade()?.name_of(id)));
         if let Some(r) = &replica {
             // The index is built from the shared log (after the newest
             // snapshot); load and registrations are shared.
@@ -344,6 +349,11 @@ impl Gateway {
             max_body: g.max_body_bytes,
             body_timeout: Duration::from_millis(g.body_timeout_ms.max(1)),
             admin_token: g.admin_token.clone().filter(|t| !t.is_empty()),
+            max_prompt_tokens: match g.max_prompt_tokens {
+                Some(0) => None,
+                Some(n) => Some(n),
+                None => model_max_length,
+            },
             tokenize: Semaphore::new(g.tokenize_concurrency),
             pods: pods.clone(),
             breaker,
@@ -797,7 +807,11 @@ async fn generate(
     let endpoint = api.label();
     match route(&s, api, &headers, body).await {
         Ok(resp) => {
-            s.metrics.request(endpoint, resp.status().as_u16());
+            let status = resp.status().as_u16();
+            s.metrics.request(endpoint, status);
+            if let Some(pod) = resp.headers().get(POD_HEADER).and_then(|v| v.to_str().ok()) {
+                s.metrics.pod_request(pod, status);
+            }
             resp
         }
         Err((kind, e)) => {
@@ -863,6 +877,31 @@ async fn route(
         (kind, e)
     })?;
 
+    let too_long = |what: String| {
+        (
+            "prompt_too_long",
+            ApiError::new(
+                400,
+                "invalid_request_error",
+                "context_length_exceeded",
+                what,
+            ),
+        )
+    };
+    let asked = ["max_tokens", "max_completion_tokens"]
+        .iter()
+        .find_map(|k| body.get(*k).and_then(Value::as_u64))
+        .unwrap_or(0);
+    if let Some(limit) = s.max_prompt_tokens {
+        let at_least =
+            openai::prompt_tokens_at_least(&body, |b| s.tokenizer.min_tokens_for_bytes(b)) as u64;
+        if at_least > limit {
+            return Err(too_long(format!(
+                "this model's maximum context length is {limit} tokens; the prompt has at least {at_least}"
+            )));
+        }
+    }
+
     // Tokenize off the async threads, a bounded number at once.
     let tokens = {
         let _permit = s.tokenize.acquire().await.map_err(|_| {
@@ -892,6 +931,15 @@ async fn route(
         tokens.map_err(|e| ("bad_request", e))?
     };
 
+    if let Some(limit) = s.max_prompt_tokens {
+        let prompt = tokens.len() as u64;
+        if prompt.saturating_add(asked) > limit {
+            return Err(too_long(format!(
+                "this model's maximum context length is {limit} tokens; the request has {} ({prompt} in the prompt, {asked} asked for)",
+                prompt.saturating_add(asked)
+            )));
+        }
+    }
     let chain = s.hasher.chain(&s.namespace, &tokens);
     let session = headers
         .get(SESSION_HEADER)
@@ -912,6 +960,7 @@ async fn route(
     }
     ctx.insert(CHAIN, chain);
     s.metrics.prompt_tokens.inc_by(tokens.len() as u64);
+    let prompt_len = tokens.len() as u64;
 
     let stream = openai::is_stream(&body);
     let client_wants_usage = openai::wants_usage(&body);
@@ -930,11 +979,34 @@ async fn route(
     let predicted = u64::from(execution.predicted_cached_blocks()) * s.block_size;
     s.metrics.predicted_cached_tokens.inc_by(predicted);
     let mut out_headers = HeaderMap::new();
-    if let Some(name) = pod.and_then(|p| s.pods.name_of(p))
-        && let Ok(v) = HeaderValue::from_str(&name)
-    {
-        out_headers.insert(POD_HEADER, v);
+    let pod_name = pod.and_then(|p| s.pods.name_of(p));
+    if let Some(name) = &pod_name {
+        let m = &s.metrics;
+        m.pod_prompt_tokens
+            .with_label_values(&[name])
+            .inc_by(prompt_len);
+        m.pod_predicted_cached_tokens
+            .with_label_values(&[name])
+            .inc_by(predicted);
+        if let Ok(v) = HeaderValue::from_str(name) {
+            out_headers.insert(POD_HEADER, v);
+        }
     }
+    // Per-pod figures as the answer goes out.
+    let per_pod = {
+        let (m, name) = (s.metrics.clone(), pod_name.clone());
+        move |ttft: Option<f64>, cached: Option<u64>| {
+            let Some(name) = &name else { return };
+            if let Some(t) = ttft {
+                m.pod_ttft_seconds.with_label_values(&[name]).observe(t);
+            }
+            if let Some(c) = cached {
+                m.pod_actual_cached_tokens
+                    .with_label_values(&[name])
+                    .inc_by(c);
+            }
+        }
+    };
     out_headers.insert(PREDICTED_HEADER, HeaderValue::from(predicted));
     let prefill_pod = execution
         .steps()
@@ -954,16 +1026,16 @@ async fn route(
             match item {
                 Ok(Chunk::Data(v)) => {
                     if data.is_none() {
-                        s.metrics
-                            .ttft_seconds
-                            .observe(arrived.elapsed().as_secs_f64());
+                        let t = arrived.elapsed().as_secs_f64();
+                        s.metrics.ttft_seconds.observe(t);
+                        per_pod(Some(t), None);
                     }
                     data = Some(v);
                 }
                 Ok(Chunk::Usage { cached_tokens, .. }) => {
-                    s.metrics
-                        .actual_cached_tokens
-                        .inc_by(cached_tokens.unwrap_or(0));
+                    let c = cached_tokens.unwrap_or(0);
+                    s.metrics.actual_cached_tokens.inc_by(c);
+                    per_pod(None, Some(c));
                 }
                 Ok(_) => {}
                 Err(e) => return Err(exec_error(&e)),
@@ -991,9 +1063,9 @@ async fn route(
                 Ok(Chunk::Data(v)) => {
                     if first {
                         first = false;
-                        metrics
-                            .ttft_seconds
-                            .observe(arrived.elapsed().as_secs_f64());
+                        let t = arrived.elapsed().as_secs_f64();
+                        metrics.ttft_seconds.observe(t);
+                        per_pod(Some(t), None);
                     }
                     if !client_wants_usage && openai::is_usage_only(&v) {
                         return None;
@@ -1001,9 +1073,9 @@ async fn route(
                     Some(Bytes::from(crate::sse::event(&v.to_string())))
                 }
                 Ok(Chunk::Usage { cached_tokens, .. }) => {
-                    metrics
-                        .actual_cached_tokens
-                        .inc_by(cached_tokens.unwrap_or(0));
+                    let c = cached_tokens.unwrap_or(0);
+                    metrics.actual_cached_tokens.inc_by(c);
+                    per_pod(None, Some(c));
                     None
                 }
                 Ok(_) => None,

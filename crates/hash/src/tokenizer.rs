@@ -31,6 +31,8 @@ pub struct ModelTokenizer {
     tokenizer: tokenizers::Tokenizer,
     template: Option<ChatTemplate>,
     vocab_size: u32,
+    model_max_length: Option<u64>,
+    max_token_bytes: usize,
 }
 
 impl fmt::Debug for ModelTokenizer {
@@ -96,15 +98,33 @@ impl ModelTokenizer {
             .map_or(0, |m| m.saturating_add(1));
         let template = match config {
             None => None,
-            Some((bytes, name)) => {
-                let what = name.unwrap_or_else(|| "<bytes>".to_owned());
+            Some((bytes, ref name)) => {
+                let what = name.clone().unwrap_or_else(|| "<bytes>".to_owned());
                 parse_config(bytes, &what)?
             }
         };
+        // `transformers` writes a huge number (1e30) for "no limit".
+        let model_max_length = config
+            .and_then(|(bytes, _)| serde_json::from_slice::<Json>(bytes).ok())
+            .and_then(|c| c.get("model_max_length").and_then(Json::as_f64))
+            .filter(|n| (1.0..1e9).contains(n))
+            .map(|n| n as u64);
+        // The longest text a token stands for, in bytes (byte-level BPE
+        // marks map a byte to a character of up to 2 bytes): a bound below
+        // which no text can be, whatever its tokens.
+        let max_token_bytes = tokenizer
+            .get_vocab(true)
+            .keys()
+            .map(|t| t.len())
+            .max()
+            .unwrap_or(1)
+            .max(1);
         Ok(ModelTokenizer {
             tokenizer,
             template,
             vocab_size,
+            model_max_length,
+            max_token_bytes,
         })
     }
 
@@ -140,6 +160,19 @@ impl ModelTokenizer {
     /// One more than the largest token id the tokenizer knows.
     pub fn vocab_size(&self) -> u32 {
         self.vocab_size
+    }
+
+    /// The model's context length as `tokenizer_config.json` gives it
+    /// (`model_max_length`), if it gives a real one.
+    pub fn model_max_length(&self) -> Option<u64> {
+        self.model_max_length
+    }
+
+    /// At least how many tokens a text of `bytes` bytes encodes to: its
+    /// bytes over the longest token's (a bound, for refusing a prompt that
+    /// is too long before tokenizing it).
+    pub fn min_tokens_for_bytes(&self, bytes: usize) -> usize {
+        bytes / self.max_token_bytes
     }
 
     /// Checks that every id is in the vocabulary (for prompts given as ids).

@@ -375,3 +375,45 @@ async fn admin_input_is_validated_normalised_and_guarded_by_the_token() {
         .unwrap();
     assert_eq!(removed.status(), 204);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prompts_over_the_context_limit_are_refused_as_vllm_refuses_them() {
+    let gw = gateway(1, "max_prompt_tokens = 100\nmax_body_bytes = 8388608", "").await;
+    let completion = |prompt: String, max_tokens: u64| json!({"model": MODEL, "prompt": prompt, "max_tokens": max_tokens});
+    // 3 MB of text: refused before it is tokenized (its bytes alone show it).
+    let huge = post(
+        &gw,
+        "/v1/completions",
+        &completion("word ".repeat(600_000), 4),
+    )
+    .await;
+    assert_eq!(huge.status, 400, "{:?}", huge.body);
+    assert_eq!(huge.body["error"]["code"], "context_length_exceeded");
+    assert!(
+        huge.body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("at least")
+    );
+    // Over the limit once tokenized.
+    let long = post(
+        &gw,
+        "/v1/completions",
+        &completion(system_prompt(5, 150), 4),
+    )
+    .await;
+    assert_eq!(long.status, 400, "{:?}", long.body);
+    assert!(
+        long.body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("in the prompt")
+    );
+    // Under it, but not with what it asks for.
+    let short = system_prompt(6, 20);
+    let asks = post(&gw, "/v1/completions", &completion(short.clone(), 90)).await;
+    assert_eq!(asks.status, 400, "{:?}", asks.body);
+    let fine = post(&gw, "/v1/completions", &completion(short, 4)).await;
+    assert_eq!(fine.status, 200, "{:?}", fine.body);
+    assert_no_load_leaked(&gw).await;
+}

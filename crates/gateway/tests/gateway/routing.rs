@@ -507,3 +507,47 @@ async fn prefill_then_decode_runs_on_pods_of_each_role() {
     assert!(["sim-2", "sim-3"].contains(&r.headers()[POD_HEADER].to_str().unwrap()));
     assert_no_load_leaked(&gw).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_pod_series_add_up_to_the_totals() {
+    let gw = gateway(3, "", "time_scale = 0.2").await;
+    for i in 0..6 {
+        let mut body = chat(&[json!({"role": "user", "content": system_prompt(200 + i, 60)})]);
+        if i % 2 == 0 {
+            body["stream"] = json!(true);
+            let r = send(&gw, "/v1/chat/completions", &body).await;
+            assert_eq!(r.status(), 200);
+            let _ = r.bytes().await.unwrap();
+        } else {
+            assert_eq!(post(&gw, "/v1/chat/completions", &body).await.status, 200);
+        }
+    }
+    let s = scrape(&gw).await;
+    let sum_by_pod = |name: &str| -> f64 {
+        s.samples
+            .iter()
+            .filter(|x| x.metric == name && x.labels.get("pod").is_some())
+            .map(|x| match x.value {
+                prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Untyped(v) => v,
+                prometheus_parse::Value::Histogram(ref h) => {
+                    h.iter().map(|b| b.count).fold(0.0, f64::max)
+                }
+                _ => 0.0,
+            })
+            .sum()
+    };
+    assert_eq!(sum_by_pod("cache_router_pod_requests_total"), 6.0);
+    assert_eq!(
+        sum_by_pod("cache_router_pod_prompt_tokens_total"),
+        value(&s, "cache_router_prompt_tokens_total", &[])
+    );
+    assert_eq!(
+        sum_by_pod("cache_router_pod_predicted_cached_tokens_total"),
+        value(&s, "cache_router_predicted_cached_tokens_total", &[])
+    );
+    assert_eq!(
+        sum_by_pod("cache_router_pod_actual_cached_tokens_total"),
+        value(&s, "cache_router_actual_cached_tokens_total", &[])
+    );
+    assert_eq!(sum_by_pod("cache_router_pod_ttft_seconds"), 6.0);
+}
