@@ -91,6 +91,27 @@ check env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 step "benches compile"
 check cargo bench --workspace --no-run --locked
 
+step "fuzz targets: built on stable (RUSTC_BOOTSTRAP=1), each run ${FUZZ_SECONDS:-30} s from its seed corpus"
+fuzz_all() (
+set -e
+if ! command -v cargo-fuzz > /dev/null; then
+    cargo install cargo-fuzz --locked --version 0.13.2
+fi
+cd fuzz
+export RUSTC_BOOTSTRAP=1
+# No sanitizer: the targets are safe Rust; a panic, an abort, a leak of
+# memory past -rss_limit_mb or a hang fails the run.
+cargo fuzz build -O --sanitizer none
+for t in $(cargo fuzz list); do
+    # The committed seeds stay as they are; new inputs go under target/.
+    rm -rf "../target/fuzz-corpus/$t" && mkdir -p "../target/fuzz-corpus/$t"
+    cp corpus/"$t"/* "../target/fuzz-corpus/$t/"
+    cargo fuzz run -O --sanitizer none "$t" "../target/fuzz-corpus/$t" -- \
+        -max_total_time="${FUZZ_SECONDS:-30}" -rss_limit_mb=2048 -timeout=10 2>&1 | tail -n 3
+done
+)
+check fuzz_all
+
 if [ ${#failed[@]} -gt 0 ]; then
     printf '\n!!! %d stage(s) failed:\n' "${#failed[@]}"
     printf '  - %s\n' "${failed[@]}"

@@ -36,6 +36,9 @@ pub struct IngestStats {
     pub sink_refused: u64,
     /// Events of unknown kinds, skipped by the decoder.
     pub unknown_events: u64,
+    /// Stores that reused an engine hash for other content: the block it
+    /// stood for was removed first.
+    pub replaced_hashes: u64,
 }
 
 /// Maps an engine's medium name to a tier.
@@ -296,6 +299,7 @@ impl<H: BlockHasher, S: CacheEventSink> Ingestor<H, S> {
         }
         let bit = 1u8 << tier as u8;
         self.scratch.clear();
+        let mut replaced: Vec<(BlockHash, u8)> = Vec::new();
         for (i, (&engine, tokens)) in s
             .block_hashes
             .iter()
@@ -311,6 +315,13 @@ impl<H: BlockHasher, S: CacheEventSink> Ingestor<H, S> {
                 .blocks
                 .entry(engine)
                 .or_insert(Known { router, tiers: 0 });
+            if known.router != router {
+                // The engine reused a hash for other content (a collision,
+                // or hostile input): the old block leaves every tier it was
+                // in, so the index never keeps a block nothing maps to.
+                replaced.push((known.router, known.tiers));
+                known.tiers = 0;
+            }
             known.router = router;
             known.tiers |= bit;
             self.scratch.push(router);
@@ -319,6 +330,21 @@ impl<H: BlockHasher, S: CacheEventSink> Ingestor<H, S> {
         self.stats.blocks_stored += self.scratch.len() as u64;
         let blocks = std::mem::take(&mut self.scratch);
         self.send(CacheEvent::Stored { pod, tier, blocks });
+        // After the store: a hash reused within this very chain replaced a
+        // block the store just put in.
+        for (old, tiers) in replaced {
+            self.stats.replaced_hashes += 1;
+            for t in Tier::ALL
+                .into_iter()
+                .filter(|t| tiers & (1 << *t as u8) != 0)
+            {
+                self.send(CacheEvent::Removed {
+                    pod,
+                    tier: t,
+                    blocks: vec![old],
+                });
+            }
+        }
     }
 
     fn removed(&mut self, pod: PodId, r: &BlockRemoved) {

@@ -49,5 +49,6 @@ pub use error::DecodeError;
 pub use ingest::{IngestStats, Ingestor, KnownBlock, tier_of};
 pub use sequence::{Sequencer, Verdict};
 pub use subscriber::{
-    BatchSink, ClearHook, ClearReason, PodHealth, PodStream, StreamStats, Subscriber,
+    BatchSink, ClearHook, ClearReason, PodHealth, PodStream, StreamStats, Subscriber, live_frame,
+    replay_frame,
 };

@@ -609,15 +609,11 @@ impl Follower {
 
     /// One live message.
     async fn on_message(&mut self, frames: Vec<bytes::Bytes>) {
-        let seq = match (frames.len(), frames.get(1).and_then(|f| seq_of(f))) {
-            (3, Some(seq)) => seq,
-            _ => {
-                self.counters.bad_frames.fetch_add(1, Ordering::Relaxed);
-                return;
-            }
+        let Some((seq, payload)) = live_frame(&frames) else {
+            self.counters.bad_frames.fetch_add(1, Ordering::Relaxed);
+            return;
         };
         self.counters.batches.fetch_add(1, Ordering::Relaxed);
-        let payload = &frames[2];
         let decoded = decode_batch(payload);
         let ts = decoded.as_ref().ok().map(|b| b.ts);
         match self.seq.check(seq, ts) {
@@ -744,19 +740,38 @@ async fn fetch(endpoint: &str, from: u64) -> Result<Vec<(u64, bytes::Bytes)>, St
     let mut out = Vec::new();
     loop {
         let frames = dealer.recv().await.map_err(|e| e.to_string())?.into_vec();
-        let body: &[bytes::Bytes] = match frames.first() {
-            Some(f) if f.is_empty() => &frames[1..],
-            _ => &frames[..],
-        };
-        let (seq, payload) = match body {
-            [_topic, seq, payload] => (seq_of(seq), payload),
-            [seq, payload] => (seq_of(seq), payload),
-            _ => return Err(format!("a replay reply of {} frames", frames.len())),
-        };
-        match seq {
-            Some(u64::MAX) => return Ok(out),
-            Some(s) => out.push((s, payload.clone())),
-            None => return Err("a replay reply with a bad sequence frame".into()),
+        match replay_frame(&frames)? {
+            None => return Ok(out),
+            Some((s, i)) => out.push((s, frames[i].clone())),
         }
+    }
+}
+
+/// A live message's sequence number and payload: frames `[topic, seq
+/// (8 bytes, big-endian), payload]`; anything else is `None` (counted as a
+/// bad frame).
+pub fn live_frame<F: AsRef<[u8]>>(frames: &[F]) -> Option<(u64, &[u8])> {
+    match frames {
+        [_topic, seq, payload] => Some((seq_of(seq.as_ref())?, payload.as_ref())),
+        _ => None,
+    }
+}
+
+/// One replay reply: `Some((seq, index of the payload frame))`, or `None`
+/// at the end marker (a sequence of all ones). Accepts the newer layout
+/// `["", topic, seq, payload]` and the older `["", seq, payload]`, with or
+/// without the empty delimiter frame; anything else is an error naming it.
+pub fn replay_frame<F: AsRef<[u8]>>(frames: &[F]) -> Result<Option<(u64, usize)>, String> {
+    let skip = usize::from(frames.first().is_some_and(|f| f.as_ref().is_empty()));
+    let body = &frames[skip..];
+    let (seq, at) = match body {
+        [_topic, seq, _payload] => (seq_of(seq.as_ref()), skip + 2),
+        [seq, _payload] => (seq_of(seq.as_ref()), skip + 1),
+        _ => return Err(format!("a replay reply of {} frames", frames.len())),
+    };
+    match seq {
+        Some(u64::MAX) => Ok(None),
+        Some(s) => Ok(Some((s, at))),
+        None => Err("a replay reply with a bad sequence frame".into()),
     }
 }

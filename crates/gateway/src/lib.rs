@@ -79,7 +79,7 @@ pub use config::{
 pub use engine::{EngineConfig, SimEngine};
 pub use error::Error;
 pub use metrics::Metrics;
-pub use openai::{Api, ApiError, prompt_tokens};
+pub use openai::{Api, ApiError, parse_body, prompt_tokens};
 pub use pods::PodView;
 pub use server::{Gateway, POD_HEADER, PREDICTED_HEADER, PREFILL_POD_HEADER, SESSION_HEADER};
 pub use sse::{SseDecoder, SseError};

@@ -113,8 +113,9 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// Parses a request body: a JSON object, or a 400.
-pub(crate) fn parse_body(bytes: &[u8]) -> Result<Value, ApiError> {
+/// Parses a request body: a JSON object, with `stream`, `stream_options`
+/// and `n` read as vLLM reads them, or a 400.
+pub fn parse_body(bytes: &[u8]) -> Result<Value, ApiError> {
     match serde_json::from_slice::<Value>(bytes) {
         Ok(mut v @ Value::Object(_)) => {
             normalise(&mut v)?;

@@ -96,6 +96,7 @@ fn add_stats(a: &mut IngestStats, b: &IngestStats) {
     a.unknown_removed += b.unknown_removed;
     a.sink_refused += b.sink_refused;
     a.unknown_events += b.unknown_events;
+    a.replaced_hashes += b.replaced_hashes;
 }
 
 impl Pods {

@@ -198,3 +198,72 @@ fn a_departed_pod_refuses_events_and_they_are_counted() {
     assert_eq!(ing.stats().sink_refused, 1);
     ing.forget_pod(pod);
 }
+
+#[test]
+fn an_engine_hash_reused_for_other_content_leaves_no_stale_block() {
+    let (index, mut ing, pod) = setup();
+    ing.apply_batch(
+        pod,
+        &batch(vec![EngineEvent::BlockStored(stored(
+            &[7],
+            None,
+            &[1, 2, 3, 4],
+        ))]),
+    );
+    assert_eq!(
+        index
+            .match_prefix(&router_chain(&[1, 2, 3, 4]))
+            .blocks_for(pod),
+        1
+    );
+    // The same engine hash, other tokens (a collision, or hostile input).
+    ing.apply_batch(
+        pod,
+        &batch(vec![EngineEvent::BlockStored(stored(
+            &[7],
+            None,
+            &[5, 6, 7, 8],
+        ))]),
+    );
+    assert_eq!(
+        index
+            .match_prefix(&router_chain(&[1, 2, 3, 4]))
+            .blocks_for(pod),
+        0,
+        "the old block went"
+    );
+    assert_eq!(
+        index
+            .match_prefix(&router_chain(&[5, 6, 7, 8]))
+            .blocks_for(pod),
+        1
+    );
+    assert_eq!(index.pod_blocks(pod), Some(1));
+    assert_eq!(ing.stats().replaced_hashes, 1);
+    // Removing the engine hash removes what it stands for now.
+    let mut r = BlockRemoved::default();
+    r.block_hashes = vec![7];
+    r.medium = Some("GPU".into());
+    ing.apply_batch(pod, &batch(vec![EngineEvent::BlockRemoved(r)]));
+    assert_eq!(index.pod_blocks(pod), Some(0));
+}
+
+#[test]
+fn an_engine_hash_repeated_within_one_chain_leaves_no_stale_block() {
+    // Found by `cargo fuzz run event_frames`: hashes [2, 2] for two blocks.
+    let (index, mut ing, pod) = setup();
+    ing.apply_batch(
+        pod,
+        &batch(vec![EngineEvent::BlockStored(stored(
+            &[2, 2],
+            None,
+            &[40, 6, 2, 8, 7, 3, 5, 4],
+        ))]),
+    );
+    assert_eq!(
+        index.pod_blocks(pod),
+        Some(1),
+        "only what hash 2 stands for now"
+    );
+    assert_eq!(ing.export_pod(pod).len(), 1);
+}
