@@ -230,7 +230,8 @@ pub(crate) fn check_model(body: &Value, served: &str) -> Result<(), ApiError> {
 /// The prompt's token ids, tokenized the way vLLM does: a completion's
 /// `prompt` with the tokenizer's special tokens (or token ids as given); a
 /// chat's `messages` rendered through the model's chat template
-/// (`tools`, `add_generation_prompt` and `chat_template_kwargs` honoured)
+/// (`tools`, `add_generation_prompt`, `continue_final_message` and
+/// `chat_template_kwargs` honoured)
 /// and encoded without adding special tokens again.
 pub fn prompt_tokens(api: Api, body: &Value, tok: &ModelTokenizer) -> Result<Vec<u32>, ApiError> {
     match api {
@@ -315,6 +316,26 @@ fn chat_tokens(body: &Value, tok: &ModelTokenizer) -> Result<Vec<u32>, ApiError>
             )
         })?;
         input = input.with_generation_prompt(yes);
+    }
+    // vLLM's `continue_final_message`: the final (assistant) message is left
+    // open for the model to continue; it cannot go with a generation prompt.
+    match body.get("continue_final_message").map(|v| (v, lax_bool(v))) {
+        None | Some((Value::Null, _)) | Some((_, Some(false))) => {}
+        Some((_, Some(true))) => {
+            if body.get("add_generation_prompt").and_then(lax_bool) == Some(true) {
+                return Err(ApiError::bad_request(
+                    "`continue_final_message` and `add_generation_prompt` cannot both be set",
+                    Some("continue_final_message"),
+                ));
+            }
+            input = input.continue_final("content");
+        }
+        Some((_, None)) => {
+            return Err(ApiError::bad_request(
+                "`continue_final_message` must be a boolean",
+                Some("continue_final_message"),
+            ));
+        }
     }
     match body.get("chat_template_kwargs") {
         Some(Value::Object(kw)) => {
@@ -430,6 +451,36 @@ mod tests {
             parse_body(br#"{"stream": null, "stream_options": {"include_usage": "1"}}"#).unwrap();
         assert!(parsed.get("stream").is_none() && !is_stream(&parsed));
         assert!(wants_usage(&parsed));
+        // continue_final_message renders the open assistant turn the engine
+        // continues (the prefill is the prompt's end).
+        let tok = ModelTokenizer::from_dir(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../assets/tokenizers/qwen3"
+        ))
+        .unwrap();
+        let body = parse_body(
+            br#"{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello, wor"}], "continue_final_message": true, "add_generation_prompt": false}"#,
+        )
+        .unwrap();
+        let ids = prompt_tokens(Api::Chat, &body, &tok).unwrap();
+        let text = tok.decode(&ids, false).unwrap();
+        assert!(text.ends_with("Hello, wor"), "{text:?}");
+        let both = parse_body(
+            br#"{"messages": [{"role": "assistant", "content": "x"}], "continue_final_message": true}"#,
+        )
+        .unwrap();
+        assert!(
+            prompt_tokens(Api::Chat, &both, &tok).is_ok(),
+            "add_generation_prompt defaults off with it"
+        );
+        let clash = parse_body(
+            br#"{"messages": [{"role": "assistant", "content": "x"}], "continue_final_message": "yes", "add_generation_prompt": true}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            prompt_tokens(Api::Chat, &clash, &tok).unwrap_err().status,
+            400
+        );
         for bad in [
             r#"{"stream": "maybe"}"#,
             r#"{"stream": 2}"#,

@@ -29,6 +29,10 @@ pub struct ChatInput {
     /// Extra template variables (OpenAI's `chat_template_kwargs`, such as
     /// Qwen3's `enable_thinking`).
     pub kwargs: Map<String, Json>,
+    /// Leave the final message open for the model to continue, as
+    /// transformers' `continue_final_message` does: the field to continue
+    /// (`content`, or a reasoning field), `None` for a closed chat.
+    pub continue_final_message: Option<String>,
 }
 
 impl ChatInput {
@@ -39,7 +43,16 @@ impl ChatInput {
             tools: None,
             add_generation_prompt: true,
             kwargs: Map::new(),
+            continue_final_message: None,
         }
+    }
+
+    /// Leaves the final message's `field` open (and adds no generation
+    /// prompt, which cannot go with it).
+    pub fn continue_final(mut self, field: impl Into<String>) -> Self {
+        self.continue_final_message = Some(field.into());
+        self.add_generation_prompt = false;
+        self
     }
 
     /// Sets the tool definitions.
@@ -71,7 +84,14 @@ impl ChatInput {
 pub struct ChatTemplate {
     env: Environment<'static>,
     special_tokens: Map<String, Json>,
+    source: String,
 }
+
+/// What transformers appends to the message it leaves open, to find where
+/// it ends in the rendered text.
+const CONTINUE_TAG: &str = "CONTINUE_FINAL_MESSAGE_TAG ";
+/// The fields transformers aliases reasoning under.
+const REASONING_FIELDS: [&str; 3] = ["reasoning_content", "thinking", "reasoning"];
 
 impl fmt::Debug for ChatTemplate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -104,12 +124,65 @@ impl ChatTemplate {
         Ok(ChatTemplate {
             env,
             special_tokens,
+            source: source.to_owned(),
         })
     }
 
     /// Renders the prompt text for `input`.
     pub fn render(&self, input: &ChatInput) -> Result<String, Error> {
-        let messages = normalize_messages(&input.messages)?;
+        let mut messages = normalize_messages(&input.messages)?;
+        let render_err = |m: &str| Error::TemplateRender(m.to_owned());
+        if messages.is_empty() {
+            return Err(render_err("the conversation has no messages"));
+        }
+        // transformers' `continue_final_message`: tag the field, render, cut
+        // the text at the tag.
+        let mut continued = None;
+        if let Some(field) = &input.continue_final_message {
+            if input.add_generation_prompt {
+                return Err(render_err(
+                    "continue_final_message and add_generation_prompt are not compatible",
+                ));
+            }
+            let last = messages
+                .last_mut()
+                .and_then(Json::as_object_mut)
+                .expect("normalised messages are objects");
+            let final_text = match last.get(field.as_str()) {
+                Some(Json::String(s)) => s.clone(),
+                None | Some(Json::Null) => {
+                    return Err(render_err(&format!(
+                        "continue_final_message is set but the final message has no \"{field}\" to continue"
+                    )));
+                }
+                Some(_) => {
+                    return Err(render_err(&format!(
+                        "continue_final_message: the final message's \"{field}\" is not text"
+                    )));
+                }
+            };
+            let fields: Vec<String> = if REASONING_FIELDS.contains(&field.as_str()) {
+                REASONING_FIELDS
+                    .iter()
+                    .filter(|f| last.get(**f) == Some(&Json::String(final_text.clone())))
+                    .map(|f| (*f).to_owned())
+                    .collect()
+            } else {
+                vec![field.clone()]
+            };
+            if !fields.iter().any(|f| self.source.contains(f.as_str())) {
+                return Err(render_err(&format!(
+                    "continue_final_message is set to \"{field}\" but the chat template does not read it"
+                )));
+            }
+            for f in &fields {
+                last.insert(
+                    f.clone(),
+                    Json::String(format!("{final_text}{CONTINUE_TAG}")),
+                );
+            }
+            continued = Some(final_text);
+        }
         let mut ctx = self.special_tokens.clone();
         for (k, v) in &input.kwargs {
             ctx.insert(k.clone(), v.clone());
@@ -128,8 +201,25 @@ impl ChatTemplate {
             .env
             .get_template(TEMPLATE_NAME)
             .map_err(|e| Error::TemplateRender(render_error(&e)))?;
-        tmpl.render(Value::from(Serde(&ctx)))
-            .map_err(|e| Error::TemplateRender(render_error(&e)))
+        let rendered = tmpl
+            .render(Value::from(Serde(&ctx)))
+            .map_err(|e| Error::TemplateRender(render_error(&e)))?;
+        let Some(final_text) = continued else {
+            return Ok(rendered);
+        };
+        let tag = CONTINUE_TAG.trim();
+        if !rendered.contains(final_text.trim()) || !rendered.contains(tag) {
+            return Err(render_err(
+                "continue_final_message is set but the final message does not appear in the rendered chat",
+            ));
+        }
+        let at = rendered.rfind(tag).expect("checked above");
+        Ok(if rendered[at..].starts_with(CONTINUE_TAG) {
+            rendered[..at].to_owned()
+        } else {
+            // The template trimmed the tag's trailing space.
+            rendered[..at].trim_end().to_owned()
+        })
     }
 }
 
@@ -170,7 +260,13 @@ fn normalize_messages(messages: &[Json]) -> Result<Vec<Json>, Error> {
                 });
             }
         }
-        let mut obj = obj.clone();
+        // transformers drops the keys whose value is None (OpenAI's
+        // `content: null` beside `tool_calls`): templates test for presence.
+        let mut obj: Map<String, Json> = obj
+            .iter()
+            .filter(|(_, v)| !v.is_null())
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
         if let Some(Json::Array(parts)) = obj.get("content") {
             let mut texts = Vec::with_capacity(parts.len());
             for part in parts {

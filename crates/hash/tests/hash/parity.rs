@@ -55,11 +55,43 @@ fn qwen3_chat_prompts_and_ids_match_transformers() {
         for (k, v) in case["kwargs"].as_object().unwrap() {
             input = input.with_kwarg(k.clone(), v.clone());
         }
+        if let Some(field) = case["continue_final_message"].as_str() {
+            input = input.continue_final(field);
+        }
         let prompt = tok.render_chat(&input).unwrap();
         assert_eq!(prompt, case["prompt"].as_str().unwrap(), "{name}: prompt");
         let want: Vec<u32> = serde_json::from_value(case["ids"].clone()).unwrap();
         assert_eq!(tok.encode_chat(&input).unwrap(), want, "{name}: ids");
     }
+}
+
+#[test]
+fn continue_final_message_is_refused_where_transformers_refuses_it() {
+    let tok = tokenizer("qwen3");
+    let user = serde_json::json!({"role": "user", "content": "Hi"});
+    // An empty conversation: a clear error, not the template's undefined value.
+    let e = tok
+        .render_chat(&ChatInput::new(vec![]))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("no messages"), "{e}");
+    // With a generation prompt.
+    let mut both = ChatInput::new(vec![user.clone()]).continue_final("content");
+    both.add_generation_prompt = true;
+    let e = tok.render_chat(&both).unwrap_err().to_string();
+    assert!(e.contains("not compatible"), "{e}");
+    // A field the final message lacks, or the template never reads.
+    let e = tok
+        .render_chat(&ChatInput::new(vec![user.clone()]).continue_final("reasoning_content"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("no \"reasoning_content\""), "{e}");
+    let odd = serde_json::json!({"role": "user", "content": "Hi", "mood": "calm"});
+    let e = tok
+        .render_chat(&ChatInput::new(vec![odd]).continue_final("mood"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("does not read it"), "{e}");
 }
 
 #[test]
