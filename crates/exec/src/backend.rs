@@ -52,6 +52,10 @@ impl StepRequest {
 pub enum Chunk {
     /// Response data passed through to the caller (a streamed event or a body).
     Data(Value),
+    /// Response data as the engine's own JSON text, passed through without
+    /// being parsed and written again (a streamed event that carries nothing
+    /// the router reads).
+    Text(String),
     /// Token usage as the engine reports it (vLLM:
     /// `usage.prompt_tokens_details.cached_tokens`).
     Usage {

@@ -186,6 +186,12 @@ fn sse_chunks(resp: reqwest::Response) -> ChunkStream {
                             st.done = true;
                             break;
                         }
+                        // Only a chunk that may carry usage is parsed; the
+                        // rest pass through as the engine wrote them.
+                        if !data.contains("\"usage\"") {
+                            st.ready.push_back(Ok(Chunk::Text(data)));
+                            continue;
+                        }
                         match serde_json::from_str::<Value>(&data) {
                             Ok(v) => {
                                 if let Some((prompt_tokens, cached_tokens)) = openai::usage_of(&v) {

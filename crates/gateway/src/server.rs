@@ -1072,6 +1072,15 @@ async fn route(
                     }
                     Some(Bytes::from(crate::sse::event(&v.to_string())))
                 }
+                Ok(Chunk::Text(text)) => {
+                    if first {
+                        first = false;
+                        let secs = arrived.elapsed().as_secs_f64();
+                        metrics.ttft_seconds.observe(secs);
+                        per_pod(Some(secs), None);
+                    }
+                    Some(Bytes::from(crate::sse::event(&text)))
+                }
                 Ok(Chunk::Usage { cached_tokens, .. }) => {
                     let c = cached_tokens.unwrap_or(0);
                     metrics.actual_cached_tokens.inc_by(c);

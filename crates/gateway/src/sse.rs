@@ -103,7 +103,30 @@ impl SseDecoder {
     }
 }
 
-/// Encodes one event carrying `data` (no newlines inside, as JSON has none).
+/// Encodes one event carrying `data`, a `data:` line per line of it (an
+/// engine's text passed through may span lines).
 pub(crate) fn event(data: &str) -> String {
-    format!("data: {data}\n\n")
+    let mut out = String::with_capacity(data.len() + 8);
+    for line in data.split('\n') {
+        out.push_str("data: ");
+        out.push_str(line.strip_suffix('\r').unwrap_or(line));
+        out.push('\n');
+    }
+    out.push('\n');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_of_several_lines_decode_to_what_was_encoded() {
+        for data in ["{\"a\":1}", "{\n  \"a\": 1\n}", "", "x\ny"] {
+            let mut d = SseDecoder::default();
+            let mut out = Vec::new();
+            d.feed(event(data).as_bytes(), &mut out).unwrap();
+            assert_eq!(out, vec![data.to_owned()]);
+        }
+    }
 }
