@@ -14,8 +14,8 @@ use futures::StreamExt;
 use router_core::Namespace;
 use router_events::Subscriber;
 use router_exec::{
-    BackendError, Chunk, Error as ExecError, Executor, Feedback, RetryPolicy, Shortcut, StepKind,
-    StepRequest, Workflow,
+    BackendError, Chunk, Error as ExecError, Execution, Executor, Feedback, RetryPolicy, Shortcut,
+    StepKind, StepRequest, Workflow,
 };
 use router_hash::{ChainHasher, ModelTokenizer};
 use router_index::{Index, IndexConfig};
@@ -824,6 +824,8 @@ async fn generate(
 
 type Failure = (&'static str, ApiError);
 
+/// One generation request, from its body to its answer: read, check,
+/// tokenize, route and run, answer whole or streamed.
 async fn route(
     s: &Arc<AppState>,
     api: Api,
@@ -831,43 +833,83 @@ async fn route(
     body: Body,
 ) -> Result<Response, Failure> {
     let arrived = std::time::Instant::now();
-    let too_large = || {
-        (
-            "body_too_large",
-            ApiError::new(
-                413,
-                "invalid_request_error",
-                "request_too_large",
-                format!("the request body is larger than {} bytes", s.max_body),
-            ),
-        )
-    };
+    let raw = read_body(s, headers, body).await?;
+    let body = checked_body(s, &raw)?;
+    let asked = check_prompt_bound(s, &body)?;
+    let (mut body, tokens) = tokenize(s, api, body).await?;
+    check_prompt_length(s, tokens.len() as u64, asked)?;
+    let ctx = routing_context(s, headers, &body, &tokens);
+    s.metrics.prompt_tokens.inc_by(tokens.len() as u64);
+
+    let stream = openai::is_stream(&body);
+    let client_wants_usage = openai::wants_usage(&body);
+    if stream {
+        // The engine's usage chunk feeds the cache feedback; it is dropped
+        // on the way out unless the client asked for it.
+        body["stream_options"] = json!({"include_usage": true});
+    }
+    let req = StepRequest::new(body, tokens.len() as u64);
+    let execution = s
+        .executor
+        .execute(&s.workflow, ctx, req)
+        .await
+        .map_err(|e| exec_error(&e))?;
+    let (out_headers, per_pod) = answer_headers(s, &execution, tokens.len() as u64);
+    if stream {
+        Ok(answer_streamed(
+            s,
+            execution,
+            out_headers,
+            per_pod,
+            arrived,
+            client_wants_usage,
+        ))
+    } else {
+        answer_whole(s, execution, out_headers, per_pod, arrived).await
+    }
+}
+
+fn too_large(s: &AppState) -> Failure {
+    (
+        "body_too_large",
+        ApiError::new(
+            413,
+            "invalid_request_error",
+            "request_too_large",
+            format!("the request body is larger than {} bytes", s.max_body),
+        ),
+    )
+}
+
+/// The body, up to `max_body_bytes` (413) and within `body_timeout_ms`
+/// (408: a body that stops arriving does not hold the connection open).
+async fn read_body(s: &AppState, headers: &HeaderMap, body: Body) -> Result<Bytes, Failure> {
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
     if declared.is_some_and(|n| n > s.max_body) {
-        return Err(too_large());
+        return Err(too_large(s));
     }
-    // A body that stops arriving is a 408, not a connection held open.
-    let raw =
-        match tokio::time::timeout(s.body_timeout, axum::body::to_bytes(body, s.max_body)).await {
-            Ok(r) => r.map_err(|_| too_large())?,
-            Err(_) => {
-                return Err((
-                    "body_timeout",
-                    ApiError::new(
-                        408,
-                        "invalid_request_error",
-                        "request_timeout",
-                        format!(
-                            "the request body did not arrive within {} ms",
-                            s.body_timeout.as_millis()
-                        ),
-                    ),
-                ));
-            }
-        };
-    let mut body = openai::parse_body(&raw).map_err(|e| ("bad_request", e))?;
+    match tokio::time::timeout(s.body_timeout, axum::body::to_bytes(body, s.max_body)).await {
+        Ok(r) => r.map_err(|_| too_large(s)),
+        Err(_) => Err((
+            "body_timeout",
+            ApiError::new(
+                408,
+                "invalid_request_error",
+                "request_timeout",
+                format!(
+                    "the request body did not arrive within {} ms",
+                    s.body_timeout.as_millis()
+                ),
+            ),
+        )),
+    }
+}
+
+/// The parsed body, for the served model (404 for another).
+fn checked_body(s: &AppState, raw: &[u8]) -> Result<Value, Failure> {
+    let body = openai::parse_body(raw).map_err(|e| ("bad_request", e))?;
     openai::check_model(&body, &s.model).map_err(|e| {
         let kind = if e.status == 404 {
             "unknown_model"
@@ -876,71 +918,84 @@ async fn route(
         };
         (kind, e)
     })?;
+    Ok(body)
+}
 
-    let too_long = |what: String| {
-        (
-            "prompt_too_long",
-            ApiError::new(
-                400,
-                "invalid_request_error",
-                "context_length_exceeded",
-                what,
-            ),
-        )
-    };
+fn too_long(what: String) -> Failure {
+    (
+        "prompt_too_long",
+        ApiError::new(
+            400,
+            "invalid_request_error",
+            "context_length_exceeded",
+            what,
+        ),
+    )
+}
+
+/// Refuses, before tokenizing, a prompt whose text alone is over the
+/// context limit; returns the tokens the request asks for.
+fn check_prompt_bound(s: &AppState, body: &Value) -> Result<u64, Failure> {
     let asked = ["max_tokens", "max_completion_tokens"]
         .iter()
         .find_map(|k| body.get(*k).and_then(Value::as_u64))
         .unwrap_or(0);
     if let Some(limit) = s.max_prompt_tokens {
         let at_least =
-            openai::prompt_tokens_at_least(&body, |b| s.tokenizer.min_tokens_for_bytes(b)) as u64;
+            openai::prompt_tokens_at_least(body, |b| s.tokenizer.min_tokens_for_bytes(b)) as u64;
         if at_least > limit {
             return Err(too_long(format!(
                 "this model's maximum context length is {limit} tokens; the prompt has at least {at_least}"
             )));
         }
     }
+    Ok(asked)
+}
 
-    // Tokenize off the async threads, a bounded number at once.
-    let tokens = {
-        let _permit = s.tokenize.acquire().await.map_err(|_| {
-            (
-                "shutdown",
-                ApiError::new(
-                    503,
-                    "service_unavailable",
-                    "shutting_down",
-                    "shutting down".into(),
-                ),
-            )
-        })?;
-        let tok = s.tokenizer.clone();
-        let (b, tokens) = tokio::task::spawn_blocking(move || {
-            let t = openai::prompt_tokens(api, &body, &tok);
-            (body, t)
-        })
-        .await
-        .map_err(|e| {
-            (
-                "internal",
-                ApiError::new(500, "server_error", "internal", e.to_string()),
-            )
-        })?;
-        body = b;
-        tokens.map_err(|e| ("bad_request", e))?
-    };
-
-    if let Some(limit) = s.max_prompt_tokens {
-        let prompt = tokens.len() as u64;
-        if prompt.saturating_add(asked) > limit {
-            return Err(too_long(format!(
-                "this model's maximum context length is {limit} tokens; the request has {} ({prompt} in the prompt, {asked} asked for)",
-                prompt.saturating_add(asked)
-            )));
-        }
+/// Refuses a prompt that, with what it asks for, is over the limit.
+fn check_prompt_length(s: &AppState, prompt: u64, asked: u64) -> Result<(), Failure> {
+    match s.max_prompt_tokens {
+        Some(limit) if prompt.saturating_add(asked) > limit => Err(too_long(format!(
+            "this model's maximum context length is {limit} tokens; the request has {} ({prompt} in the prompt, {asked} asked for)",
+            prompt.saturating_add(asked)
+        ))),
+        _ => Ok(()),
     }
-    let chain = s.hasher.chain(&s.namespace, &tokens);
+}
+
+/// The prompt's tokens, computed off the async threads, a bounded number
+/// at once; the body comes back with them.
+async fn tokenize(s: &AppState, api: Api, body: Value) -> Result<(Value, Vec<u32>), Failure> {
+    let _permit = s.tokenize.acquire().await.map_err(|_| {
+        (
+            "shutdown",
+            ApiError::new(
+                503,
+                "service_unavailable",
+                "shutting_down",
+                "shutting down".into(),
+            ),
+        )
+    })?;
+    let tok = s.tokenizer.clone();
+    let (body, tokens) = tokio::task::spawn_blocking(move || {
+        let t = openai::prompt_tokens(api, &body, &tok);
+        (body, t)
+    })
+    .await
+    .map_err(|e| {
+        (
+            "internal",
+            ApiError::new(500, "server_error", "internal", e.to_string()),
+        )
+    })?;
+    Ok((body, tokens.map_err(|e| ("bad_request", e))?))
+}
+
+/// What the profiles read: the chain, the prompt's length, the session
+/// (header or `user`) and the hash key.
+fn routing_context(s: &AppState, headers: &HeaderMap, body: &Value, tokens: &[u32]) -> Context {
+    let chain = s.hasher.chain(&s.namespace, tokens);
     let session = headers
         .get(SESSION_HEADER)
         .and_then(|v| v.to_str().ok())
@@ -959,27 +1014,20 @@ async fn route(
         ctx.insert(SESSION_ID, id);
     }
     ctx.insert(CHAIN, chain);
-    s.metrics.prompt_tokens.inc_by(tokens.len() as u64);
-    let prompt_len = tokens.len() as u64;
+    ctx
+}
 
-    let stream = openai::is_stream(&body);
-    let client_wants_usage = openai::wants_usage(&body);
-    if stream {
-        // The engine's usage chunk feeds the cache feedback; it is dropped
-        // on the way out unless the client asked for it.
-        body["stream_options"] = json!({"include_usage": true});
-    }
-    let req = StepRequest::new(body, tokens.len() as u64);
-    let execution = s
-        .executor
-        .execute(&s.workflow, ctx, req)
-        .await
-        .map_err(|e| exec_error(&e))?;
-    let pod = execution.pod();
+/// Per-pod figures as the answer goes out: a time to first chunk, cached
+/// tokens reported.
+type PerPod = Arc<dyn Fn(Option<f64>, Option<u64>) + Send + Sync>;
+
+/// The answer's headers (pod, prefill pod, predicted cached tokens), the
+/// per-pod figures known now, and the recorder of the rest.
+fn answer_headers(s: &AppState, execution: &Execution, prompt_len: u64) -> (HeaderMap, PerPod) {
     let predicted = u64::from(execution.predicted_cached_blocks()) * s.block_size;
     s.metrics.predicted_cached_tokens.inc_by(predicted);
-    let mut out_headers = HeaderMap::new();
-    let pod_name = pod.and_then(|p| s.pods.name_of(p));
+    let mut out = HeaderMap::new();
+    let pod_name = execution.pod().and_then(|p| s.pods.name_of(p));
     if let Some(name) = &pod_name {
         let m = &s.metrics;
         m.pod_prompt_tokens
@@ -989,25 +1037,10 @@ async fn route(
             .with_label_values(&[name])
             .inc_by(predicted);
         if let Ok(v) = HeaderValue::from_str(name) {
-            out_headers.insert(POD_HEADER, v);
+            out.insert(POD_HEADER, v);
         }
     }
-    // Per-pod figures as the answer goes out.
-    let per_pod = {
-        let (m, name) = (s.metrics.clone(), pod_name.clone());
-        move |ttft: Option<f64>, cached: Option<u64>| {
-            let Some(name) = &name else { return };
-            if let Some(t) = ttft {
-                m.pod_ttft_seconds.with_label_values(&[name]).observe(t);
-            }
-            if let Some(c) = cached {
-                m.pod_actual_cached_tokens
-                    .with_label_values(&[name])
-                    .inc_by(c);
-            }
-        }
-    };
-    out_headers.insert(PREDICTED_HEADER, HeaderValue::from(predicted));
+    out.insert(PREDICTED_HEADER, HeaderValue::from(predicted));
     let prefill_pod = execution
         .steps()
         .iter()
@@ -1016,69 +1049,98 @@ async fn route(
     if let Some(name) = prefill_pod
         && let Ok(v) = HeaderValue::from_str(&name)
     {
-        out_headers.insert(PREFILL_POD_HEADER, v);
+        out.insert(PREFILL_POD_HEADER, v);
     }
-
-    if !stream {
-        let mut execution = execution;
-        let mut data = None;
-        while let Some(item) = execution.next().await {
-            match item {
-                Ok(Chunk::Data(v)) => {
-                    if data.is_none() {
-                        let t = arrived.elapsed().as_secs_f64();
-                        s.metrics.ttft_seconds.observe(t);
-                        per_pod(Some(t), None);
-                    }
-                    data = Some(v);
-                }
-                Ok(Chunk::Usage { cached_tokens, .. }) => {
-                    let c = cached_tokens.unwrap_or(0);
-                    s.metrics.actual_cached_tokens.inc_by(c);
-                    per_pod(None, Some(c));
-                }
-                Ok(_) => {}
-                Err(e) => return Err(exec_error(&e)),
-            }
+    let m = s.metrics.clone();
+    let per_pod = Arc::new(move |ttft: Option<f64>, cached: Option<u64>| {
+        let Some(name) = &pod_name else { return };
+        if let Some(t) = ttft {
+            m.pod_ttft_seconds.with_label_values(&[name]).observe(t);
         }
-        let data = data.ok_or_else(|| {
-            (
-                "backend",
-                ApiError::new(
-                    502,
-                    "bad_gateway",
-                    "empty_response",
-                    "the engine sent no body".into(),
-                ),
-            )
-        })?;
-        return Ok((out_headers, axum::Json(data)).into_response());
-    }
+        if let Some(c) = cached {
+            m.pod_actual_cached_tokens
+                .with_label_values(&[name])
+                .inc_by(c);
+        }
+    });
+    (out, per_pod)
+}
 
+/// A whole (non-streamed) answer: the engine's last body.
+async fn answer_whole(
+    s: &AppState,
+    mut execution: Execution,
+    out_headers: HeaderMap,
+    per_pod: PerPod,
+    arrived: std::time::Instant,
+) -> Result<Response, Failure> {
+    let mut data = None;
+    while let Some(item) = execution.next().await {
+        match item {
+            Ok(Chunk::Data(v)) => {
+                if data.is_none() {
+                    let t = arrived.elapsed().as_secs_f64();
+                    s.metrics.ttft_seconds.observe(t);
+                    per_pod(Some(t), None);
+                }
+                data = Some(v);
+            }
+            Ok(Chunk::Usage { cached_tokens, .. }) => {
+                let c = cached_tokens.unwrap_or(0);
+                s.metrics.actual_cached_tokens.inc_by(c);
+                per_pod(None, Some(c));
+            }
+            Ok(_) => {}
+            Err(e) => return Err(exec_error(&e)),
+        }
+    }
+    let data = data.ok_or_else(|| {
+        (
+            "backend",
+            ApiError::new(
+                502,
+                "bad_gateway",
+                "empty_response",
+                "the engine sent no body".into(),
+            ),
+        )
+    })?;
+    Ok((out_headers, axum::Json(data)).into_response())
+}
+
+/// A streamed answer: the engine's events passed on (usage only when asked
+/// for), an error event if it breaks, then `[DONE]`.
+fn answer_streamed(
+    s: &AppState,
+    execution: Execution,
+    mut out_headers: HeaderMap,
+    per_pod: PerPod,
+    arrived: std::time::Instant,
+    client_wants_usage: bool,
+) -> Response {
     let metrics = s.metrics.clone();
     let mut first = true;
+    let on_first = per_pod.clone();
+    let mut first_chunk = move || {
+        if std::mem::take(&mut first) {
+            let secs = arrived.elapsed().as_secs_f64();
+            metrics.ttft_seconds.observe(secs);
+            on_first(Some(secs), None);
+        }
+    };
+    let metrics = s.metrics.clone();
     let events = execution
         .map(move |item| -> Option<Bytes> {
             match item {
                 Ok(Chunk::Data(v)) => {
-                    if first {
-                        first = false;
-                        let t = arrived.elapsed().as_secs_f64();
-                        metrics.ttft_seconds.observe(t);
-                        per_pod(Some(t), None);
-                    }
+                    first_chunk();
                     if !client_wants_usage && openai::is_usage_only(&v) {
                         return None;
                     }
                     Some(Bytes::from(crate::sse::event(&v.to_string())))
                 }
                 Ok(Chunk::Text(text)) => {
-                    if first {
-                        first = false;
-                        let secs = arrived.elapsed().as_secs_f64();
-                        metrics.ttft_seconds.observe(secs);
-                        per_pod(Some(secs), None);
-                    }
+                    first_chunk();
                     Some(Bytes::from(crate::sse::event(&text)))
                 }
                 Ok(Chunk::Usage { cached_tokens, .. }) => {
@@ -1111,5 +1173,5 @@ async fn route(
         HeaderValue::from_static("text/event-stream"),
     );
     out_headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    Ok((out_headers, Body::from_stream(events)).into_response())
+    (out_headers, Body::from_stream(events)).into_response()
 }
