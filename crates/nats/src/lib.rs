@@ -199,6 +199,15 @@ impl PodNames {
     pub fn id(&self, name: &str) -> Option<PodId> {
         self.by_name.read().get(name).copied()
     }
+    /// The name of `id`.
+    pub fn name_of(&self, id: PodId) -> Option<String> {
+        self.by_name
+            .read()
+            .iter()
+            .find(|(_, i)| **i == id)
+            .map(|(n, _)| n.clone())
+    }
+
     /// Every (name, id).
     pub fn all(&self) -> Vec<(String, PodId)> {
         self.by_name

@@ -10,7 +10,8 @@ use futures::StreamExt;
 use parking_lot::Mutex;
 use router_core::{BlockHasher, CacheEventSink, PodId};
 use router_events::{
-    ClearHook, ClearReason, IngestStats, Ingestor, Sequencer, Verdict, decode_batch,
+    ClearHook, ClearReason, DecodeError, EventBatch, IngestStats, Ingestor, Sequencer, Verdict,
+    decode_batch,
 };
 use tokio::io::AsyncReadExt;
 use tokio::sync::{mpsc, oneshot};
@@ -87,9 +88,15 @@ pub(crate) struct LogShared {
 
 impl LogShared {
     /// A batch of pod `name` from this replica's own relay.
-    pub(crate) fn local_batch(&self, name: &str, seq: u64, payload: &[u8]) {
+    /// A batch of pod `name` from this replica's own relay, decoded there.
+    pub(crate) fn local_batch(
+        &self,
+        name: &str,
+        seq: u64,
+        decoded: Result<&EventBatch, &DecodeError>,
+    ) {
         if let Some(st) = self.state.lock().as_mut() {
-            st.apply_batch(name, seq, payload);
+            st.apply_decoded(name, seq, decoded);
         }
     }
 
@@ -184,10 +191,15 @@ impl State {
 
     /// Applies batch `seq` of pod `name`, from either path.
     fn apply_batch(&mut self, name: &str, seq: u64, payload: &[u8]) {
+        let decoded = decode_batch(payload);
+        self.apply_decoded(name, seq, decoded.as_ref());
+    }
+
+    /// Applies batch `seq` of pod `name`, decoded (or not) already.
+    fn apply_decoded(&mut self, name: &str, seq: u64, decoded: Result<&EventBatch, &DecodeError>) {
         let Some(id) = self.pod(name) else {
             return;
         };
-        let decoded = decode_batch(payload);
         let ts = decoded.as_ref().ok().map(|b| b.ts);
         let verdict = self.pods[name].seq.check(seq, ts);
         match verdict {
@@ -209,7 +221,7 @@ impl State {
             }
             Verdict::Next => {}
         }
-        if let Ok(batch) = &decoded {
+        if let Ok(batch) = decoded {
             self.ingest.apply_batch(id, batch);
         }
         if let Some(p) = self.pods.get_mut(name) {

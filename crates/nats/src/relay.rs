@@ -146,7 +146,13 @@ impl RelaySink {
 }
 
 impl BatchSink for RelaySink {
-    fn batch(&self, _: PodId, seq: u64, payload: &[u8], _: Result<&EventBatch, &DecodeError>) {
+    fn batch(
+        &self,
+        _: PodId,
+        seq: u64,
+        payload: &[u8],
+        decoded: Result<&EventBatch, &DecodeError>,
+    ) {
         let hash = xxhash_rust::xxh3::xxh3_64(payload);
         *self.last.lock() = Some((seq, hash));
         let mut headers = HeaderMap::new();
@@ -163,7 +169,7 @@ impl BatchSink for RelaySink {
             payload: Bytes::copy_from_slice(payload),
         });
         // Applied at once here; the log's copy is then stale.
-        self.log.local_batch(&self.name, seq, payload);
+        self.log.local_batch(&self.name, seq, decoded);
     }
 
     fn clear(&self, _: PodId, why: ClearReason) {

@@ -251,12 +251,7 @@ async fn routed_out(
 ) {
     let subject = format!("{}.routed", cfg.prefix);
     while let Some((pod, chain)) = rx.recv().await {
-        let Some(name) = names
-            .all()
-            .into_iter()
-            .find(|(_, id)| *id == pod)
-            .map(|(n, _)| n)
-        else {
+        let Some(name) = names.name_of(pod) else {
             continue;
         };
         let _ = client
