@@ -29,6 +29,22 @@ use router_gateway::{Config, DEFAULT_CONFIG, Gateway, POD_HEADER, PREDICTED_HEAD
 use router_hash::ChainHasher;
 use serde_json::{Value, json};
 
+/// The bundled configuration for an embedded gateway running `profile`,
+/// its simulated engines set by the flags.
+fn embedded(args: &Args, base: &Config, profile: &str) -> Config {
+    let mut config = base.clone();
+    config.gateway.listen = ([127, 0, 0, 1], 0).into();
+    config.gateway.profile = profile.to_owned();
+    if let Some(sim) = config.simulated.as_mut() {
+        sim.time_scale = args.time_scale;
+        if let Some(blocks) = args.gpu_blocks {
+            sim.gpu_blocks = blocks;
+        }
+        sim.events = !args.no_events;
+    }
+    config
+}
+
 /// Pass 1 then pass 2 of the same sessions over one set of engines, pass 2
 /// through the gateway of pass 1 (`kept`) or a new one (`restarted`), each
 /// on fresh engines. Returns the failed turns.
@@ -41,15 +57,7 @@ async fn restart_rows(
 ) -> usize {
     let mut failed = 0;
     for restart in [false, true] {
-        let mut config = base.clone();
-        config.gateway.listen = ([127, 0, 0, 1], 0).into();
-        config.gateway.profile = profile.to_owned();
-        if let Some(sim) = config.simulated.as_mut() {
-            sim.time_scale = args.time_scale;
-            if let Some(blocks) = args.gpu_blocks {
-                sim.gpu_blocks = blocks;
-            }
-        }
+        let config = embedded(args, base, profile);
         // The engines' owner serves no request; the gateways route to them.
         let owner = Gateway::start(config.clone()).await.expect("a gateway");
         let mut over = config.clone();
@@ -518,16 +526,7 @@ async fn main() {
             failed += restart_rows(&args, &base, profile, &tok, &hasher).await;
             continue;
         }
-        let mut config = base.clone();
-        config.gateway.listen = ([127, 0, 0, 1], 0).into();
-        config.gateway.profile = profile.to_owned();
-        if let Some(sim) = config.simulated.as_mut() {
-            sim.time_scale = args.time_scale;
-            if let Some(blocks) = args.gpu_blocks {
-                sim.gpu_blocks = blocks;
-            }
-            sim.events = !args.no_events;
-        }
+        let mut config = embedded(&args, &base, profile);
         if let Some(url) = &args.nats {
             // A stream of its own per run: rows do not share a log.
             let prefix = format!("loadgen-{}-{profile}", std::process::id());

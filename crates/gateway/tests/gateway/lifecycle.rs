@@ -1,7 +1,6 @@
 //! State that survives: an engine restarted under the gateway, and a
 //! gateway restarted over warm engines.
 
-use std::path::Path;
 use std::time::Duration;
 
 use router_gateway::{Config, EngineConfig, Gateway, PodConfig, SimEngine};
@@ -81,17 +80,7 @@ async fn a_restarted_engine_is_seen_empty_and_nothing_stale_is_routed_on() {
 /// A gateway's configuration over `engines` started by the test, with
 /// `extra` TOML after the `[gateway]` table (for example a `[nats]` one).
 pub(crate) fn config_over(engines: &[SimEngine], extra: &str) -> Config {
-    let text = format!(
-        r#"[gateway]
-listen = "127.0.0.1:0"
-model = "{MODEL}"
-tokenizer = "../../assets/tokenizers/qwen3"
-health_interval_ms = 100
-{extra}
-"#
-    );
-    let mut config =
-        Config::parse(&text, Path::new(env!("CARGO_MANIFEST_DIR"))).expect("valid config");
+    let mut config = crate::config(extra);
     for (i, e) in engines.iter().enumerate() {
         let mut pod = PodConfig::new(format!("e{i}"), e.url())
             .with_events(e.events_endpoint(), Some(e.replay_endpoint().to_owned()));

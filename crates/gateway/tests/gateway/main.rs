@@ -19,21 +19,23 @@ pub(crate) const MODEL: &str = "Qwen/Qwen3-0.6B";
 /// A gateway on a free port with `engines` simulated engines, configured
 /// by `extra` TOML lines under `[gateway]` and `sim` lines under `[simulated]`.
 pub(crate) async fn gateway(engines: usize, extra: &str, sim: &str) -> Gateway {
+    let text = format!("{extra}\n\n[simulated]\nengines = {engines}\n{sim}\n");
+    Gateway::start(config(&text)).await.expect("gateway starts")
+}
+
+/// The tests' `[gateway]` table (free port, bundled tokenizer, 100 ms
+/// probes) followed by `rest`: more `[gateway]` keys, then other tables.
+pub(crate) fn config(rest: &str) -> Config {
     let text = format!(
         r#"[gateway]
 listen = "127.0.0.1:0"
 model = "{MODEL}"
 tokenizer = "../../assets/tokenizers/qwen3"
 health_interval_ms = 100
-{extra}
-
-[simulated]
-engines = {engines}
-{sim}
+{rest}
 "#
     );
-    let config = Config::parse(&text, Path::new(env!("CARGO_MANIFEST_DIR"))).expect("valid config");
-    Gateway::start(config).await.expect("gateway starts")
+    Config::parse(&text, Path::new(env!("CARGO_MANIFEST_DIR"))).expect("valid config")
 }
 
 /// The bundled Qwen3 tokenizer.
