@@ -380,7 +380,8 @@ fn ceiling(turns: &[Turn], tok: &router_hash::ModelTokenizer, hasher: &ChainHash
     let mut seen = std::collections::HashSet::new();
     let (mut cached, mut total) = (0usize, 0usize);
     for t in order {
-        let Ok(ids) = router_gateway::prompt_tokens(router_gateway::Api::Chat, &t.body, tok) else {
+        let Ok(ids) = router_gateway::prompt_tokens(router_gateway::Api::Chat, &t.body, tok, false)
+        else {
             continue;
         };
         let chain = hasher.chain(&namespace, &ids);

@@ -1,7 +1,8 @@
 //! `cargo fuzz run openai_body`: a client's request body, as the gateway
 //! reads it: parsed (lax `stream` and `n`), then turned into prompt tokens
 //! with the bundled Qwen3 tokenizer, chat messages rendered through its
-//! template. The first byte picks the endpoint. Each step returns a value
+//! template. The first byte picks the endpoint and whether control tokens
+//! are sanitized. Each step returns a value
 //! or an OpenAI error; nothing may panic.
 #![no_main]
 
@@ -22,7 +23,7 @@ fuzz_target!(|data: &[u8]| {
     };
     let api = if pick & 1 == 0 { Api::Chat } else { Api::Completions };
     if let Ok(v) = parse_body(body) {
-        if let Ok(tokens) = prompt_tokens(api, &v, tok) {
+        if let Ok(tokens) = prompt_tokens(api, &v, tok, pick & 2 != 0) {
             assert!(tokens.iter().all(|&t| t < tok.vocab_size()));
         }
     }

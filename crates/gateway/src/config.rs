@@ -104,6 +104,13 @@ pub struct GatewayConfig {
     /// long. Default: the tokenizer's `model_max_length`; 0: no limit.
     #[serde(default)]
     pub max_prompt_tokens: Option<u64>,
+    /// Tokenize chat requests with transformers' `sanitize_control_tokens`:
+    /// control tokens written in messages, tools and template variables
+    /// count as plain text. Only for engines that tokenize that way; vLLM
+    /// does not (it renders the template to text first), so the default is
+    /// off and the router's chains match vLLM's.
+    #[serde(default)]
+    pub sanitize_control_tokens: bool,
     /// With a token, the `/admin` calls need `Authorization: Bearer <token>`
     /// (401 without it).
     #[serde(default)]

@@ -534,7 +534,8 @@ impl Engine {
         let (body, tokens) = tokio::task::spawn_blocking(move || {
             let body = openai::parse_body(&raw)?;
             openai::check_model(&body, &engine.cfg.model)?;
-            let tokens = openai::prompt_tokens(api, &body, &engine.cfg.tokenizer)?;
+            // vLLM renders chat templates to text: it never sanitizes.
+            let tokens = openai::prompt_tokens(api, &body, &engine.cfg.tokenizer, false)?;
             Ok::<_, ApiError>((body, tokens))
         })
         .await

@@ -232,11 +232,18 @@ pub(crate) fn check_model(body: &Value, served: &str) -> Result<(), ApiError> {
 /// chat's `messages` rendered through the model's chat template
 /// (`tools`, `add_generation_prompt`, `continue_final_message` and
 /// `chat_template_kwargs` honoured)
-/// and encoded without adding special tokens again.
-pub fn prompt_tokens(api: Api, body: &Value, tok: &ModelTokenizer) -> Result<Vec<u32>, ApiError> {
+/// and encoded without adding special tokens again; assistant tool-call
+/// arguments as vLLM hands them to the template (objects). `sanitize` asks
+/// for transformers' `sanitize_control_tokens` on chats.
+pub fn prompt_tokens(
+    api: Api,
+    body: &Value,
+    tok: &ModelTokenizer,
+    sanitize: bool,
+) -> Result<Vec<u32>, ApiError> {
     match api {
         Api::Completions => completion_tokens(body, tok),
-        Api::Chat => chat_tokens(body, tok),
+        Api::Chat => chat_tokens(body, tok, sanitize),
     }
 }
 
@@ -272,7 +279,67 @@ fn completion_tokens(body: &Value, tok: &ModelTokenizer) -> Result<Vec<u32>, Api
     }
 }
 
-fn chat_tokens(body: &Value, tok: &ModelTokenizer) -> Result<Vec<u32>, ApiError> {
+/// vLLM's `_postprocess_messages`: assistant tool calls reach the template
+/// with their `arguments` as an object (a JSON string is parsed; empty,
+/// unparsable or non-object arguments become `{}`), an empty `tool_calls`
+/// list is dropped, and entries that are not function calls are a 400
+/// naming the message and the call.
+fn tool_call_arguments(messages: &[Value]) -> Result<Vec<Value>, ApiError> {
+    let mut out = messages.to_vec();
+    for (i, message) in out.iter_mut().enumerate() {
+        let Some(m) = message.as_object_mut() else {
+            continue;
+        };
+        if m.get("role").and_then(Value::as_str) != Some("assistant") {
+            continue;
+        }
+        let Some(Value::Array(calls)) = m.get_mut("tool_calls") else {
+            continue;
+        };
+        if calls.is_empty() {
+            m.remove("tool_calls");
+            continue;
+        }
+        for (j, call) in calls.iter_mut().enumerate() {
+            let bad = |what: &str| {
+                ApiError::bad_request(
+                    format!("messages[{i}].tool_calls[{j}]: {what}"),
+                    Some("messages"),
+                )
+            };
+            let Some(call) = call.as_object_mut() else {
+                return Err(bad("assistant tool_calls entries must be objects"));
+            };
+            let is_function = call
+                .get("type")
+                .is_none_or(|t| t.as_str() == Some("function"));
+            let function = match call.get_mut("function") {
+                Some(Value::Object(f)) if is_function => f,
+                _ => {
+                    return Err(bad(
+                        "chat completions only support assistant tool_calls of type 'function' with a `function` object",
+                    ));
+                }
+            };
+            let parsed = match function.get("arguments") {
+                Some(Value::Object(o)) => Value::Object(o.clone()),
+                Some(Value::String(text)) if !text.is_empty() => {
+                    match serde_json::from_str::<Value>(text) {
+                        Ok(Value::Object(o)) => Value::Object(o),
+                        // vLLM keeps the conversation going: a malformed
+                        // history entry must not fail every later turn.
+                        _ => Value::Object(Default::default()),
+                    }
+                }
+                _ => Value::Object(Default::default()),
+            };
+            function.insert("arguments".into(), parsed);
+        }
+    }
+    Ok(out)
+}
+
+fn chat_tokens(body: &Value, tok: &ModelTokenizer, sanitize: bool) -> Result<Vec<u32>, ApiError> {
     let messages = match body.get("messages") {
         Some(Value::Array(m)) if !m.is_empty() => m,
         Some(Value::Array(_)) => {
@@ -297,7 +364,10 @@ fn chat_tokens(body: &Value, tok: &ModelTokenizer) -> Result<Vec<u32>, ApiError>
             Some("messages"),
         ));
     }
-    let mut input = ChatInput::new(messages.clone());
+    let mut input = ChatInput::new(tool_call_arguments(messages)?);
+    if sanitize {
+        input = input.sanitized();
+    }
     match body.get("tools") {
         Some(Value::Array(tools)) => input = input.with_tools(tools.clone()),
         Some(Value::Null) | None => {}
@@ -462,7 +532,7 @@ mod tests {
             br#"{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello, wor"}], "continue_final_message": true, "add_generation_prompt": false}"#,
         )
         .unwrap();
-        let ids = prompt_tokens(Api::Chat, &body, &tok).unwrap();
+        let ids = prompt_tokens(Api::Chat, &body, &tok, false).unwrap();
         let text = tok.decode(&ids, false).unwrap();
         assert!(text.ends_with("Hello, wor"), "{text:?}");
         let both = parse_body(
@@ -470,7 +540,7 @@ mod tests {
         )
         .unwrap();
         assert!(
-            prompt_tokens(Api::Chat, &both, &tok).is_ok(),
+            prompt_tokens(Api::Chat, &both, &tok, false).is_ok(),
             "add_generation_prompt defaults off with it"
         );
         let clash = parse_body(
@@ -478,7 +548,9 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            prompt_tokens(Api::Chat, &clash, &tok).unwrap_err().status,
+            prompt_tokens(Api::Chat, &clash, &tok, false)
+                .unwrap_err()
+                .status,
             400
         );
         for bad in [
@@ -495,5 +567,95 @@ mod tests {
             let e = parse_body(bad.as_bytes()).unwrap_err();
             assert_eq!(e.status, 400, "{bad}");
         }
+    }
+
+    fn qwen3() -> ModelTokenizer {
+        ModelTokenizer::from_dir(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../assets/tokenizers/qwen3"
+        ))
+        .unwrap()
+    }
+
+    fn chat_ids(tok: &ModelTokenizer, body: Value, sanitize: bool) -> Result<Vec<u32>, ApiError> {
+        prompt_tokens(Api::Chat, &body, tok, sanitize)
+    }
+
+    #[test]
+    fn tool_call_arguments_reach_the_template_as_vllm_hands_them() {
+        let tok = qwen3();
+        let turn = |calls: Value| {
+            json!({"messages": [
+                {"role": "user", "content": "weather?"},
+                {"role": "assistant", "content": "", "tool_calls": calls},
+                {"role": "tool", "content": "sunny"},
+            ]})
+        };
+        let call = |args: Value| json!([{"type": "function", "function": {"name": "w", "arguments": args}}]);
+        let object = chat_ids(&tok, turn(call(json!({"city": "Paris", "n": 1.5}))), false).unwrap();
+        // A JSON string (OpenAI's form) is parsed: the template serialises
+        // the object, with Python's separators, not the client's spelling.
+        let string = chat_ids(
+            &tok,
+            turn(call(json!("{\"city\":\"Paris\",\"n\":1.5}"))),
+            false,
+        )
+        .unwrap();
+        assert_eq!(string, object);
+        let text = tok.decode(&string, false).unwrap();
+        assert!(
+            text.contains(r#""arguments": {"city": "Paris", "n": 1.5}"#),
+            "{text}"
+        );
+        // Empty, unparsable and non-object arguments become {}.
+        let empty = chat_ids(&tok, turn(call(json!({}))), false).unwrap();
+        for args in [json!(""), json!("{not json"), json!("[1, 2]"), json!(null)] {
+            assert_eq!(
+                chat_ids(&tok, turn(call(args.clone())), false).unwrap(),
+                empty,
+                "{args}"
+            );
+        }
+        // An empty list is dropped, as if there were no tool calls.
+        let none = json!({"messages": [
+            {"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": ""},
+            {"role": "tool", "content": "sunny"},
+        ]});
+        assert_eq!(
+            chat_ids(&tok, turn(json!([])), false).unwrap(),
+            chat_ids(&tok, none, false).unwrap()
+        );
+        // Entries that are not function calls are a 400 naming the call.
+        for bad in [
+            json!([1]),
+            json!([{"type": "code", "function": {"name": "w"}}]),
+            json!([{"type": "function"}]),
+        ] {
+            let e = chat_ids(&tok, turn(bad.clone()), false).unwrap_err();
+            assert_eq!(e.status, 400, "{bad}");
+            assert!(
+                e.message.contains("messages[1].tool_calls[0]"),
+                "{}",
+                e.message
+            );
+        }
+    }
+
+    #[test]
+    fn sanitizing_encodes_control_tokens_in_messages_as_text() {
+        let tok = qwen3();
+        let body = json!({"messages": [{"role": "user", "content": "say <|im_end|> now"}]});
+        let plain = chat_ids(&tok, body.clone(), false).unwrap();
+        let sanitized = chat_ids(&tok, body, true).unwrap();
+        let im_end = tok.encode("<|im_end|>", false).unwrap();
+        let count = |ids: &[u32]| ids.iter().filter(|&&i| i == im_end[0]).count();
+        // The template closes the user turn with one; the user wrote another.
+        assert_eq!(count(&plain), 2);
+        assert_eq!(count(&sanitized), 1);
+        assert_eq!(
+            tok.decode(&plain, false).unwrap(),
+            tok.decode(&sanitized, false).unwrap()
+        );
     }
 }

@@ -59,6 +59,7 @@ struct AppState {
     admin_token: Option<String>,
     /// The context limit on prompt (and requested) tokens.
     max_prompt_tokens: Option<u64>,
+    sanitize_control_tokens: bool,
     tokenize: Semaphore,
     pods: Arc<Pods>,
     breaker: Arc<CircuitBreaker>,
@@ -354,6 +355,7 @@ impl Gateway {
                 Some(n) => Some(n),
                 None => model_max_length,
             },
+            sanitize_control_tokens: g.sanitize_control_tokens,
             tokenize: Semaphore::new(g.tokenize_concurrency),
             pods: pods.clone(),
             breaker,
@@ -977,9 +979,9 @@ async fn tokenize(s: &AppState, api: Api, body: Value) -> Result<(Value, Vec<u32
             ),
         )
     })?;
-    let tok = s.tokenizer.clone();
+    let (tok, sanitize) = (s.tokenizer.clone(), s.sanitize_control_tokens);
     let (body, tokens) = tokio::task::spawn_blocking(move || {
-        let t = openai::prompt_tokens(api, &body, &tok);
+        let t = openai::prompt_tokens(api, &body, &tok, sanitize);
         (body, t)
     })
     .await

@@ -62,6 +62,7 @@
 #![forbid(unsafe_code)]
 
 mod chain;
+mod control;
 mod error;
 mod pyjson;
 mod template;

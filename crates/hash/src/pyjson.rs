@@ -56,7 +56,14 @@ impl Dumper<'_> {
 
     fn value(&self, out: &mut String, v: &Value, level: usize) -> Result<(), Error> {
         match v.kind() {
-            ValueKind::Undefined | ValueKind::None => out.push_str("null"),
+            // Python's `json.dumps` refuses jinja2's `Undefined`.
+            ValueKind::Undefined => {
+                return Err(Error::new(
+                    ErrorKind::InvalidOperation,
+                    "Object of type Undefined is not JSON serializable",
+                ));
+            }
+            ValueKind::None => out.push_str("null"),
             ValueKind::Bool => out.push_str(if v.is_true() { "true" } else { "false" }),
             ValueKind::Number => number(out, v, true),
             ValueKind::String => self.string(out, v.as_str().unwrap_or_default()),

@@ -8,6 +8,7 @@ use minijinja::{Environment, ErrorKind, State};
 use serde_json::{Map, Value as Json};
 
 use crate::Error;
+use crate::control::{self, ControlTokens};
 use crate::pyjson::{self, DumpOptions};
 
 const TEMPLATE_NAME: &str = "chat_template";
@@ -33,6 +34,13 @@ pub struct ChatInput {
     /// transformers' `continue_final_message` does: the field to continue
     /// (`content`, or a reasoning field), `None` for a closed chat.
     pub continue_final_message: Option<String>,
+    /// Encode the control tokens found in the caller's strings (messages,
+    /// tools, template variables) as plain text, as transformers'
+    /// `sanitize_control_tokens` does: only the template's own control
+    /// tokens become control-token ids. It needs tokenizing, so only
+    /// [`ModelTokenizer::encode_chat`](crate::ModelTokenizer::encode_chat)
+    /// honours it; rendering to text refuses it, as transformers does.
+    pub sanitize_control_tokens: bool,
 }
 
 impl ChatInput {
@@ -44,7 +52,14 @@ impl ChatInput {
             add_generation_prompt: true,
             kwargs: Map::new(),
             continue_final_message: None,
+            sanitize_control_tokens: false,
         }
+    }
+
+    /// Asks for transformers' `sanitize_control_tokens`.
+    pub fn sanitized(mut self) -> Self {
+        self.sanitize_control_tokens = true;
+        self
     }
 
     /// Leaves the final message's `field` open (and adds no generation
@@ -129,81 +144,63 @@ impl ChatTemplate {
     }
 
     /// Renders the prompt text for `input`.
+    ///
+    /// A template that fails names the first message whose conversation
+    /// prefix fails to render, and the template line it failed on.
     pub fn render(&self, input: &ChatInput) -> Result<String, Error> {
+        if input.sanitize_control_tokens {
+            return Err(Error::TemplateRender(
+                "sanitize_control_tokens needs tokenizing: use ModelTokenizer::encode_chat".into(),
+            ));
+        }
+        self.render_with(input, None)
+    }
+
+    /// The template's literal text (see [`control::template_literals`]).
+    pub(crate) fn literals(&self) -> Vec<String> {
+        control::template_literals(&self.source)
+    }
+
+    /// Renders `input`, with the control tokens in the caller's strings
+    /// marked when `control` is given.
+    pub(crate) fn render_with(
+        &self,
+        input: &ChatInput,
+        control: Option<&ControlTokens>,
+    ) -> Result<String, Error> {
         let mut messages = normalize_messages(&input.messages)?;
         let render_err = |m: &str| Error::TemplateRender(m.to_owned());
         if messages.is_empty() {
             return Err(render_err("the conversation has no messages"));
         }
+        let mut tools = input.tools.clone().map_or(Json::Null, Json::Array);
+        let mut kwargs = Json::Object(input.kwargs.clone());
+        if let Some(c) = control {
+            messages.iter_mut().for_each(|m| c.mark_json(m));
+            c.mark_json(&mut tools);
+            c.mark_json(&mut kwargs);
+        }
         // transformers' `continue_final_message`: tag the field, render, cut
         // the text at the tag.
-        let mut continued = None;
-        if let Some(field) = &input.continue_final_message {
-            if input.add_generation_prompt {
-                return Err(render_err(
-                    "continue_final_message and add_generation_prompt are not compatible",
-                ));
-            }
-            let last = messages
-                .last_mut()
-                .and_then(Json::as_object_mut)
-                .expect("normalised messages are objects");
-            let final_text = match last.get(field.as_str()) {
-                Some(Json::String(s)) => s.clone(),
-                None | Some(Json::Null) => {
-                    return Err(render_err(&format!(
-                        "continue_final_message is set but the final message has no \"{field}\" to continue"
-                    )));
-                }
-                Some(_) => {
-                    return Err(render_err(&format!(
-                        "continue_final_message: the final message's \"{field}\" is not text"
-                    )));
-                }
-            };
-            let fields: Vec<String> = if REASONING_FIELDS.contains(&field.as_str()) {
-                REASONING_FIELDS
-                    .iter()
-                    .filter(|f| last.get(**f) == Some(&Json::String(final_text.clone())))
-                    .map(|f| (*f).to_owned())
-                    .collect()
-            } else {
-                vec![field.clone()]
-            };
-            if !fields.iter().any(|f| self.source.contains(f.as_str())) {
-                return Err(render_err(&format!(
-                    "continue_final_message is set to \"{field}\" but the chat template does not read it"
-                )));
-            }
-            for f in &fields {
-                last.insert(
-                    f.clone(),
-                    Json::String(format!("{final_text}{CONTINUE_TAG}")),
-                );
-            }
-            continued = Some(final_text);
-        }
+        let continued = match &input.continue_final_message {
+            Some(field) => Some(self.tag_final(input, &mut messages, field)?),
+            None => None,
+        };
+        let Json::Object(kwargs) = kwargs else {
+            unreachable!("marking keeps an object an object")
+        };
         let mut ctx = self.special_tokens.clone();
-        for (k, v) in &input.kwargs {
-            ctx.insert(k.clone(), v.clone());
-        }
-        ctx.insert("messages".into(), Json::Array(messages));
-        ctx.insert(
-            "tools".into(),
-            input.tools.clone().map_or(Json::Null, Json::Array),
-        );
+        ctx.extend(kwargs);
+        ctx.insert("tools".into(), tools);
         ctx.insert("documents".into(), Json::Null);
         ctx.insert(
             "add_generation_prompt".into(),
             Json::Bool(input.add_generation_prompt),
         );
-        let tmpl = self
-            .env
-            .get_template(TEMPLATE_NAME)
-            .map_err(|e| Error::TemplateRender(render_error(&e)))?;
-        let rendered = tmpl
-            .render(Value::from(Serde(&ctx)))
-            .map_err(|e| Error::TemplateRender(render_error(&e)))?;
+        let rendered = match self.render_messages(&mut ctx, &messages) {
+            Ok(r) => r,
+            Err(e) => return Err(self.locate_failure(&mut ctx, &messages, &e)),
+        };
         let Some(final_text) = continued else {
             return Ok(rendered);
         };
@@ -220,6 +217,107 @@ impl ChatTemplate {
             // The template trimmed the tag's trailing space.
             rendered[..at].trim_end().to_owned()
         })
+    }
+
+    /// Tags the final message's `field` (and its reasoning aliases) for
+    /// `continue_final_message`; the field's text before tagging.
+    fn tag_final(
+        &self,
+        input: &ChatInput,
+        messages: &mut [Json],
+        field: &str,
+    ) -> Result<String, Error> {
+        let render_err = |m: String| Error::TemplateRender(m);
+        if input.add_generation_prompt {
+            return Err(render_err(
+                "continue_final_message and add_generation_prompt are not compatible".into(),
+            ));
+        }
+        let last = messages
+            .last_mut()
+            .and_then(Json::as_object_mut)
+            .expect("normalised messages are objects");
+        let final_text = match last.get(field) {
+            Some(Json::String(s)) => s.clone(),
+            None | Some(Json::Null) => {
+                return Err(render_err(format!(
+                    "continue_final_message is set but the final message has no \"{field}\" to continue"
+                )));
+            }
+            Some(_) => {
+                return Err(render_err(format!(
+                    "continue_final_message: the final message's \"{field}\" is not text"
+                )));
+            }
+        };
+        let fields: Vec<String> = if REASONING_FIELDS.contains(&field) {
+            REASONING_FIELDS
+                .iter()
+                .filter(|f| last.get(**f) == Some(&Json::String(final_text.clone())))
+                .map(|f| (*f).to_owned())
+                .collect()
+        } else {
+            vec![field.to_owned()]
+        };
+        if !fields.iter().any(|f| self.source.contains(f.as_str())) {
+            return Err(render_err(format!(
+                "continue_final_message is set to \"{field}\" but the chat template does not read it"
+            )));
+        }
+        for f in &fields {
+            last.insert(
+                f.clone(),
+                Json::String(format!("{final_text}{CONTINUE_TAG}")),
+            );
+        }
+        Ok(final_text)
+    }
+
+    fn render_messages(
+        &self,
+        ctx: &mut Map<String, Json>,
+        messages: &[Json],
+    ) -> Result<String, minijinja::Error> {
+        ctx.insert("messages".into(), Json::Array(messages.to_vec()));
+        let tmpl = self.env.get_template(TEMPLATE_NAME)?;
+        tmpl.render(Value::from(Serde(&*ctx)))
+    }
+
+    /// The error for a failed render, naming the template line and the
+    /// first message whose conversation prefix fails: a binary search over
+    /// prefixes (the prefix of `hi` messages fails, that of `lo` renders or
+    /// is empty), so a long conversation costs a few renders, not one per
+    /// message.
+    fn locate_failure(
+        &self,
+        ctx: &mut Map<String, Json>,
+        messages: &[Json],
+        err: &minijinja::Error,
+    ) -> Error {
+        let mut detail = render_error(err);
+        if let Some(text) = err
+            .line()
+            .and_then(|l| self.source.lines().nth(l.saturating_sub(1)))
+        {
+            let text = text.trim();
+            let shown: String = text.chars().take(120).collect();
+            let more = if shown.len() < text.len() { "..." } else { "" };
+            detail.push_str(&format!("; the template's line reads `{shown}{more}`"));
+        }
+        let (mut lo, mut hi) = (0, messages.len());
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if self.render_messages(ctx, &messages[..mid]).is_err() {
+                hi = mid;
+            } else {
+                lo = mid;
+            }
+        }
+        let role = messages[hi - 1]
+            .get("role")
+            .and_then(Json::as_str)
+            .unwrap_or("?");
+        Error::TemplateRender(format!("at message {} ({role}): {detail}", hi - 1))
     }
 }
 

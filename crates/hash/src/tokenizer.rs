@@ -6,7 +6,10 @@ use std::path::Path;
 
 use serde_json::{Map, Value as Json};
 
+use tokenizers::{Model, Normalizer, OffsetReferential, OffsetType, PreTokenizer};
+
 use crate::Error;
+use crate::control::{ControlTokens, Piece};
 use crate::template::{ChatInput, ChatTemplate};
 
 /// The special-token variables transformers hands to chat templates.
@@ -26,10 +29,13 @@ const SPECIAL_TOKEN_KEYS: [&str; 5] = [
 /// the model's template and the result encoded without adding special tokens,
 /// as `transformers` and vLLM do. A literal special token inside message text
 /// (say `<|im_start|>`) becomes its control-token id, exactly as on the
-/// engine; callers that must prevent that sanitise message text first.
+/// engine, unless the input asks for transformers' `sanitize_control_tokens`
+/// ([`ChatInput::sanitized`]).
 pub struct ModelTokenizer {
     tokenizer: tokenizers::Tokenizer,
     template: Option<ChatTemplate>,
+    /// The control tokens of the chat template (empty without one).
+    control: ControlTokens,
     vocab_size: u32,
     model_max_length: Option<u64>,
     max_token_bytes: usize,
@@ -96,13 +102,19 @@ impl ModelTokenizer {
             .values()
             .max()
             .map_or(0, |m| m.saturating_add(1));
-        let template = match config {
-            None => None,
+        let (template, listed) = match config {
+            None => (None, None),
             Some((bytes, ref name)) => {
                 let what = name.clone().unwrap_or_else(|| "<bytes>".to_owned());
                 parse_config(bytes, &what)?
             }
         };
+        let control = ControlTokens::new(
+            template
+                .as_ref()
+                .map(|t| control_tokens(&tokenizer, t, listed.as_deref()))
+                .unwrap_or_default(),
+        );
         // `transformers` writes a huge number (1e30) for "no limit".
         let model_max_length = config
             .and_then(|(bytes, _)| serde_json::from_slice::<Json>(bytes).ok())
@@ -122,6 +134,7 @@ impl ModelTokenizer {
         Ok(ModelTokenizer {
             tokenizer,
             template,
+            control,
             vocab_size,
             model_max_length,
             max_token_bytes,
@@ -152,9 +165,83 @@ impl ModelTokenizer {
     }
 
     /// Renders and encodes chat messages: the token ids the engine caches.
+    ///
+    /// With [`ChatInput::sanitize_control_tokens`] the control tokens in the
+    /// caller's strings are encoded as plain text (transformers'
+    /// `encode_marked_chat`).
     pub fn encode_chat(&self, input: &ChatInput) -> Result<Vec<u32>, Error> {
-        let prompt = self.render_chat(input)?;
-        self.encode(&prompt, false)
+        let template = self.template.as_ref().ok_or(Error::NoChatTemplate)?;
+        if !input.sanitize_control_tokens {
+            let prompt = template.render(input)?;
+            return self.encode(&prompt, false);
+        }
+        let marked = template.render_with(input, Some(&self.control))?;
+        let newline = self.encode("\n", false)?;
+        let mut ids = Vec::new();
+        for (i, piece) in self.control.split(&marked).into_iter().enumerate() {
+            match piece {
+                // The text before the first marker is encoded as it is.
+                Piece::Text(text) if i == 0 => ids.extend(self.encode(text, false)?),
+                Piece::Text("") => {}
+                Piece::Text(text) => ids.extend(self.encode_piece(text, false, &newline)?),
+                Piece::Marked(token) => {
+                    let piece_ids = self.encode_piece(token, true, &newline)?;
+                    if let Some(id) = self.tokenizer.token_to_id(token)
+                        && piece_ids.contains(&id)
+                    {
+                        return Err(Error::Tokenizer(format!(
+                            "cannot sanitize {token:?}: the tokenizer produces it from plain text"
+                        )));
+                    }
+                    ids.extend(piece_ids);
+                }
+            }
+        }
+        Ok(ids)
+    }
+
+    /// The control tokens `sanitize_control_tokens` encodes as text in the
+    /// caller's strings, longest first.
+    pub fn control_tokens(&self) -> &[String] {
+        self.control.tokens()
+    }
+
+    /// transformers' `_encode_chat_piece`: a piece from the middle of a
+    /// chat, encoded after a newline that is then removed (so no prefix
+    /// space is added), as plain text without added tokens if `as_text`.
+    fn encode_piece(&self, piece: &str, as_text: bool, newline: &[u32]) -> Result<Vec<u32>, Error> {
+        let encode = |t: &str| {
+            if as_text {
+                self.encode_without_added_tokens(t)
+            } else {
+                self.encode(t, false)
+            }
+        };
+        let ids = encode(&format!("\n{piece}"))?;
+        match ids.strip_prefix(newline) {
+            Some(rest) => Ok(rest.to_vec()),
+            None => encode(piece),
+        }
+    }
+
+    /// The backend's pipeline without its added tokens: normalizer,
+    /// pre-tokenizer, model (transformers' `_encode_without_added_tokens`).
+    fn encode_without_added_tokens(&self, text: &str) -> Result<Vec<u32>, Error> {
+        let err = |e: tokenizers::Error| Error::Tokenizer(e.to_string());
+        let mut normalized = tokenizers::NormalizedString::from(text);
+        if let Some(n) = self.tokenizer.get_normalizer() {
+            n.normalize(&mut normalized).map_err(err)?;
+        }
+        let mut pre = tokenizers::PreTokenizedString::from(normalized.get());
+        if let Some(p) = self.tokenizer.get_pre_tokenizer() {
+            p.pre_tokenize(&mut pre).map_err(err)?;
+        }
+        let mut ids = Vec::new();
+        for (split, _, _) in pre.get_splits(OffsetReferential::Original, OffsetType::Char) {
+            let tokens = self.tokenizer.get_model().tokenize(split).map_err(err)?;
+            ids.extend(tokens.iter().map(|t| t.id));
+        }
+        Ok(ids)
     }
 
     /// One more than the largest token id the tokenizer knows.
@@ -198,8 +285,41 @@ impl ModelTokenizer {
     }
 }
 
-/// Reads the chat template and special tokens from `tokenizer_config.json`.
-fn parse_config(bytes: &[u8], what: &str) -> Result<Option<ChatTemplate>, Error> {
+/// transformers' `_get_control_tokens`: the special added tokens, plus the
+/// added tokens in `chat_control_tokens` if the config lists them, else the
+/// non-whitespace added tokens in the template's literal text.
+fn control_tokens(
+    tokenizer: &tokenizers::Tokenizer,
+    template: &ChatTemplate,
+    listed: Option<&[String]>,
+) -> Vec<String> {
+    let literals = template.literals();
+    let mut added: Vec<_> = tokenizer.get_added_tokens_decoder().into_iter().collect();
+    added.sort_by_key(|(id, _)| *id);
+    added
+        .into_iter()
+        .map(|(_, t)| t)
+        .filter(|t| {
+            t.special
+                || match listed {
+                    Some(list) => list.contains(&t.content),
+                    None => {
+                        !t.content.trim().is_empty()
+                            && literals.iter().any(|l| l.contains(t.content.as_str()))
+                    }
+                }
+        })
+        .map(|t| t.content)
+        .collect()
+}
+
+/// What `tokenizer_config.json` says about chat: the template, and the
+/// `chat_control_tokens` list if it has one.
+type ChatConfig = (Option<ChatTemplate>, Option<Vec<String>>);
+
+/// Reads the chat template, special tokens and `chat_control_tokens` from
+/// `tokenizer_config.json`.
+fn parse_config(bytes: &[u8], what: &str) -> Result<ChatConfig, Error> {
     let bad = |message: String| Error::MalformedConfig {
         what: what.to_owned(),
         message,
@@ -208,8 +328,19 @@ fn parse_config(bytes: &[u8], what: &str) -> Result<Option<ChatTemplate>, Error>
     let Json::Object(config) = config else {
         return Err(bad("the top level must be an object".into()));
     };
+    let listed = match config.get("chat_control_tokens") {
+        None | Some(Json::Null) => None,
+        Some(Json::Array(items)) => Some(
+            items
+                .iter()
+                .map(|i| i.as_str().map(str::to_owned))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| bad("`chat_control_tokens` must be a list of strings".into()))?,
+        ),
+        Some(_) => return Err(bad("`chat_control_tokens` must be a list of strings".into())),
+    };
     let source = match config.get("chat_template") {
-        None | Some(Json::Null) => return Ok(None),
+        None | Some(Json::Null) => return Ok((None, listed)),
         Some(Json::String(s)) => s.clone(),
         // The older multi-template form: [{"name": ..., "template": ...}].
         Some(Json::Array(list)) => list
@@ -231,7 +362,7 @@ fn parse_config(bytes: &[u8], what: &str) -> Result<Option<ChatTemplate>, Error>
             }
         }
     }
-    ChatTemplate::new(&source, special).map(Some)
+    Ok((Some(ChatTemplate::new(&source, special)?), listed))
 }
 
 /// Special tokens appear as strings or as `{"content": ..., ...}` objects.

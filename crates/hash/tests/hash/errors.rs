@@ -110,3 +110,39 @@ fn out_of_vocabulary_ids_are_typed() {
         "hello world"
     );
 }
+
+#[test]
+fn template_errors_name_the_message_and_the_template_line() {
+    let tok = ModelTokenizer::from_dir(super::repo_root().join("assets/tokenizers/qwen3")).unwrap();
+    // A tool call without `arguments` in the fourth message: Qwen3's
+    // template cannot serialise it.
+    let messages = vec![
+        json!({"role": "system", "content": "s"}),
+        json!({"role": "user", "content": "weather?"}),
+        json!({"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]}),
+        json!({"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "get_weather"}}]}),
+        json!({"role": "user", "content": "and then?"}),
+    ];
+    let err = tok.render_chat(&ChatInput::new(messages)).unwrap_err();
+    let text = err.to_string();
+    assert!(matches!(err, Error::TemplateRender(_)), "{err:?}");
+    assert!(text.contains("at message 3 (assistant)"), "{text}");
+    assert!(
+        text.contains("arguments"),
+        "the template line names the field: {text}"
+    );
+    assert!(text.contains("not JSON serializable"), "{text}");
+    // A failure that only the whole conversation has names its last
+    // message.
+    let t = ChatTemplate::new(
+        "{% if messages|length > 2 %}{{ raise_exception('too long') }}{% endif %}ok",
+        Map::new(),
+    )
+    .unwrap();
+    let three = vec![json!({"role": "user", "content": "a"}); 3];
+    let text = t.render(&ChatInput::new(three)).unwrap_err().to_string();
+    assert!(
+        text.contains("at message 2 (user)") && text.contains("too long"),
+        "{text}"
+    );
+}

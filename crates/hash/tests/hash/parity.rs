@@ -38,6 +38,27 @@ fn gpt2_text_ids_match_python() {
     check_text_cases("gpt2");
 }
 
+/// The chat input a golden case describes.
+fn case_input(case: &Value) -> ChatInput {
+    let messages = case["messages"].as_array().unwrap().clone();
+    let mut input = ChatInput::new(messages)
+        .with_generation_prompt(case["add_generation_prompt"].as_bool().unwrap());
+    if let Some(tools) = case["tools"].as_array() {
+        input = input.with_tools(tools.clone());
+    }
+    for (k, v) in case["kwargs"].as_object().unwrap() {
+        input = input.with_kwarg(k.clone(), v.clone());
+    }
+    if let Some(field) = case["continue_final_message"].as_str() {
+        input = input.continue_final(field);
+    }
+    input
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    serde_json::from_value(v.clone()).unwrap()
+}
+
 #[test]
 fn qwen3_chat_prompts_and_ids_match_transformers() {
     let tok = tokenizer("qwen3");
@@ -46,23 +67,57 @@ fn qwen3_chat_prompts_and_ids_match_transformers() {
     assert!(cases.len() >= 12, "golden file lost chat cases");
     for case in cases {
         let name = case["name"].as_str().unwrap();
-        let messages = case["messages"].as_array().unwrap().clone();
-        let mut input = ChatInput::new(messages)
-            .with_generation_prompt(case["add_generation_prompt"].as_bool().unwrap());
-        if let Some(tools) = case["tools"].as_array() {
-            input = input.with_tools(tools.clone());
-        }
-        for (k, v) in case["kwargs"].as_object().unwrap() {
-            input = input.with_kwarg(k.clone(), v.clone());
-        }
-        if let Some(field) = case["continue_final_message"].as_str() {
-            input = input.continue_final(field);
-        }
+        let input = case_input(case);
         let prompt = tok.render_chat(&input).unwrap();
         assert_eq!(prompt, case["prompt"].as_str().unwrap(), "{name}: prompt");
-        let want: Vec<u32> = serde_json::from_value(case["ids"].clone()).unwrap();
-        assert_eq!(tok.encode_chat(&input).unwrap(), want, "{name}: ids");
+        assert_eq!(
+            tok.encode_chat(&input).unwrap(),
+            ids(&case["ids"]),
+            "{name}: ids"
+        );
     }
+}
+
+#[test]
+fn qwen3_control_tokens_are_the_ones_transformers_finds_in_the_template() {
+    let tok = tokenizer("qwen3");
+    let mut got = tok.control_tokens().to_vec();
+    got.sort();
+    let want: Vec<String> =
+        serde_json::from_value(golden("qwen3")["control_tokens"].clone()).unwrap();
+    assert_eq!(got, want);
+    // The thinking and tool tokens are not special: they are control tokens
+    // because the template writes them.
+    assert!(got.iter().any(|t| t == "<think>") && got.iter().any(|t| t == "<tool_call>"));
+}
+
+#[test]
+fn qwen3_sanitized_chats_match_transformers() {
+    let tok = tokenizer("qwen3");
+    let g = golden("qwen3");
+    let cases = g["sanitize_cases"].as_array().unwrap();
+    assert!(cases.len() >= 6, "golden file lost sanitize cases");
+    let mut differ = 0;
+    for case in cases {
+        let name = case["name"].as_str().unwrap();
+        let input = case_input(case);
+        let plain = tok.encode_chat(&input).unwrap();
+        assert_eq!(
+            plain,
+            ids(&case["unsanitized_ids"]),
+            "{name}: unsanitized ids"
+        );
+        let sanitized = input.sanitized();
+        assert_eq!(
+            tok.encode_chat(&sanitized).unwrap(),
+            ids(&case["ids"]),
+            "{name}: ids"
+        );
+        differ += usize::from(plain != ids(&case["ids"]));
+        // Rendering to text cannot honour it, as transformers refuses it.
+        assert!(tok.render_chat(&sanitized).is_err(), "{name}");
+    }
+    assert!(differ >= 5, "the cases must exercise sanitizing");
 }
 
 #[test]
