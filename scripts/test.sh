@@ -40,6 +40,9 @@ check cargo clippy --workspace --all-targets --locked -- -D warnings
 step "cargo test (unit, integration, doc tests)"
 check cargo test --workspace --locked --no-fail-fast
 
+step "engines over https:// (router-gateway's rustls feature, a real TLS terminator)"
+check cargo test -p router-gateway --features rustls --locked --test gateway tls
+
 step "loom models of router-index (cfg router_loom, LOOM_MAX_PREEMPTIONS=2, --release)"
 check env RUSTFLAGS="--cfg router_loom" LOOM_MAX_PREEMPTIONS=2 CARGO_TARGET_DIR=target/loom \
     cargo test -p router-index --release --locked --lib loom
@@ -88,8 +91,8 @@ check gateway_and_loadgen
 step "cargo doc (RUSTDOCFLAGS=-D warnings)"
 check env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 
-step "benches compile"
-check cargo bench --workspace --no-run --locked
+step "benches compile (test profile: type and link checks; their figures come from cargo bench)"
+check cargo test --workspace --benches --no-run --locked
 
 step "fuzz targets: built on stable (RUSTC_BOOTSTRAP=1), each run ${FUZZ_SECONDS:-30} s from its seed corpus"
 fuzz_all() (

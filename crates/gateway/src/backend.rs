@@ -30,15 +30,50 @@ pub struct HttpBackend {
     urls: RwLock<HashMap<PodId, Arc<str>>>,
 }
 
+/// A client for engines: no proxy, `TCP_NODELAY`, and in a build with the
+/// `rustls` feature, `https://` through rustls (ring), trusting the
+/// system's authorities plus those in the PEM bytes `extra_ca`.
+pub(crate) fn engine_client(
+    extra_ca: Option<&[u8]>,
+) -> Result<reqwest::ClientBuilder, reqwest::Error> {
+    let builder = reqwest::Client::builder().no_proxy().tcp_nodelay(true);
+    #[cfg(feature = "rustls")]
+    {
+        // reqwest's `rustls-no-provider` uses the process's default
+        // provider; installing it twice is harmless (the first one stays).
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let mut builder = builder;
+        if let Some(pem) = extra_ca {
+            for cert in reqwest::Certificate::from_pem_bundle(pem)? {
+                builder = builder.add_root_certificate(cert);
+            }
+        }
+        Ok(builder)
+    }
+    #[cfg(not(feature = "rustls"))]
+    {
+        let _ = extra_ca;
+        Ok(builder)
+    }
+}
+
 impl HttpBackend {
-    /// A backend connecting within `connect_timeout`.
+    /// A backend connecting within `connect_timeout`, over plain HTTP (and
+    /// `https://` with the system's authorities in a `rustls` build).
     pub fn new(connect_timeout: Duration) -> Result<Self, reqwest::Error> {
-        let client = reqwest::Client::builder()
+        Self::with_tls(connect_timeout, None)
+    }
+
+    /// A backend that also trusts the authorities in the PEM bytes
+    /// `extra_ca` (see [`engine_client`]).
+    pub fn with_tls(
+        connect_timeout: Duration,
+        extra_ca: Option<&[u8]>,
+    ) -> Result<Self, reqwest::Error> {
+        let client = engine_client(extra_ca)?
             .connect_timeout(connect_timeout)
             .pool_idle_timeout(Duration::from_secs(90))
             .pool_max_idle_per_host(64)
-            .tcp_nodelay(true)
-            .no_proxy()
             .build()?;
         Ok(HttpBackend {
             client,

@@ -104,6 +104,11 @@ pub struct GatewayConfig {
     /// long. Default: the tokenizer's `model_max_length`; 0: no limit.
     #[serde(default)]
     pub max_prompt_tokens: Option<u64>,
+    /// Extra certificate authorities (a PEM file) trusted for `https://`
+    /// engines, beside the system's; needs a build with the `rustls`
+    /// feature.
+    #[serde(default)]
+    pub tls_ca_file: Option<PathBuf>,
     /// Tokenize chat requests with transformers' `sanitize_control_tokens`:
     /// control tokens written in messages, tools and template variables
     /// count as plain text. Only for engines that tokenize that way; vLLM
@@ -375,6 +380,9 @@ impl Config {
         if c.gateway.tokenizer.is_relative() {
             c.gateway.tokenizer = base.join(&c.gateway.tokenizer);
         }
+        if let Some(ca) = c.gateway.tls_ca_file.as_mut().filter(|p| p.is_relative()) {
+            *ca = base.join(&*ca);
+        }
         c.check()?;
         Ok(c)
     }
@@ -401,6 +409,12 @@ impl Config {
         let g = &self.gateway;
         if g.block_size == 0 {
             return bad("gateway.block_size must be at least 1".into());
+        }
+        if g.tls_ca_file.is_some() && !cfg!(feature = "rustls") {
+            return bad(
+                "gateway.tls_ca_file needs a build with the `rustls` feature (engines over https://)"
+                    .into(),
+            );
         }
         if g.max_attempts == 0 || g.tokenize_concurrency == 0 {
             return bad("gateway.max_attempts and tokenize_concurrency must be at least 1".into());
@@ -435,7 +449,8 @@ pub(crate) const MAX_POD_NAME: usize = 64;
 
 /// Checks a pod list and puts it in normal form: names of 1 to 64 letters,
 /// digits, `.`, `_` or `-` (they end up in logs, metric labels and admin
-/// paths); URLs parsed, `http://` with a host (this build has no TLS),
+/// paths); URLs parsed, `http://` with a host (or `https://` in a build
+/// with the `rustls` feature),
 /// without a trailing `/`; event endpoints `tcp://host:port`. Two pods with
 /// the same name or the same URL are a conflict.
 pub(crate) fn normalise_pods(pods: &mut [PodConfig]) -> Result<(), Error> {
@@ -490,9 +505,10 @@ pub(crate) fn normalise_pod(p: &mut PodConfig) -> Result<(), Error> {
     })?;
     match url.scheme() {
         "http" => {}
+        "https" if cfg!(feature = "rustls") => {}
         "https" => {
             return Err(Error::Pods(format!(
-                "pod `{}`: url `{}`: https:// is not supported by this build (engines behind a gateway speak plain HTTP)",
+                "pod `{}`: url `{}`: https:// needs a build with the `rustls` feature",
                 p.name, p.url
             )));
         }

@@ -1,6 +1,6 @@
 //! The HTTP front: OpenAI endpoints, health, metrics and the admin calls.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -47,6 +47,53 @@ pub const PREDICTED_HEADER: &str = "x-cache-router-predicted-cached-tokens";
 /// Request header carrying a session id (for session affinity); the
 /// body's `user` serves when it is absent.
 pub const SESSION_HEADER: &str = "x-session-id";
+
+/// The PEM bundle of `gateway.tls_ca_file`, checked to hold certificates
+/// that parse (a typo must not start a gateway that trusts nothing extra).
+#[cfg(feature = "rustls")]
+fn read_ca(path: &Path) -> Result<Vec<u8>, Error> {
+    let pem = std::fs::read(path).map_err(|source| Error::Io {
+        path: path.to_owned(),
+        source,
+    })?;
+    let bad = |why: String| Error::Config {
+        line: 0,
+        message: format!("gateway.tls_ca_file {}: {why}", path.display()),
+    };
+    match reqwest::Certificate::from_pem_bundle(&pem) {
+        Ok(certs) if certs.is_empty() => Err(bad("holds no PEM certificate".into())),
+        Ok(_) => Ok(pem),
+        Err(e) => Err(bad(format!(
+            "not a PEM certificate bundle ({})",
+            error_chain(&e)
+        ))),
+    }
+}
+
+/// Without TLS built in there is no authority to read (the config check
+/// already refused `tls_ca_file`).
+#[cfg(not(feature = "rustls"))]
+fn read_ca(path: &Path) -> Result<Vec<u8>, Error> {
+    Err(Error::Config {
+        line: 0,
+        message: format!(
+            "gateway.tls_ca_file {}: needs a build with the `rustls` feature",
+            path.display()
+        ),
+    })
+}
+
+/// An error and its causes, `: `-separated (reqwest's own text is terse).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut msg = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        msg.push_str(": ");
+        msg.push_str(&s.to_string());
+        src = s.source();
+    }
+    msg
+}
 
 struct AppState {
     model: String,
@@ -286,13 +333,20 @@ impl Gateway {
         )
         .on_clear(Arc::new(move |pod, _| forget.remove_pod(pod)));
         let fleet = Arc::new(Fleet::new());
+        let extra_ca = match &g.tls_ca_file {
+            Some(path) => Some(read_ca(path)?),
+            None => None,
+        };
+        let client_err = |what: &str, e: reqwest::Error| Error::Bind {
+            what: what.into(),
+            message: error_chain(&e),
+        };
         let backend = Arc::new(
-            HttpBackend::new(Duration::from_millis(g.connect_timeout_ms)).map_err(|e| {
-                Error::Bind {
-                    what: "http client".into(),
-                    message: e.to_string(),
-                }
-            })?,
+            HttpBackend::with_tls(
+                Duration::from_millis(g.connect_timeout_ms),
+                extra_ca.as_deref(),
+            )
+            .map_err(|e| client_err("http client", e))?,
         );
         let approx = Memory::new(g.approx_ttl_ms, g.approx_capacity_blocks);
         let replica = match &config.nats {
@@ -376,14 +430,9 @@ impl Gateway {
             message: e.to_string(),
         })?;
         let app = router(state.clone());
-        let probe_client =
-            reqwest::Client::builder()
-                .no_proxy()
-                .build()
-                .map_err(|e| Error::Bind {
-                    what: "probe client".into(),
-                    message: e.to_string(),
-                })?;
+        let probe_client = crate::backend::engine_client(extra_ca.as_deref())
+            .and_then(reqwest::ClientBuilder::build)
+            .map_err(|e| client_err("probe client", e))?;
         let tasks = vec![
             tokio::spawn(crate::serve(
                 listener,

@@ -6,6 +6,8 @@ mod config;
 mod lifecycle;
 mod replicas;
 mod routing;
+#[cfg(feature = "rustls")]
+mod tls;
 mod wire;
 
 use std::path::Path;
