@@ -41,14 +41,9 @@ impl Chain {
     }
 }
 
-/// MurmurHash3's 64-bit finaliser: a seeded, stable stream of values.
-pub fn mix(mut k: u64) -> u64 {
-    k ^= k >> 33;
-    k = k.wrapping_mul(0xff51_afd7_ed55_8ccd);
-    k ^= k >> 33;
-    k = k.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
-    k ^ (k >> 33)
-}
+/// The workloads' mixer: [`router_core::mix64`], a seeded, stable stream
+/// of values.
+pub use router_core::mix64 as mix;
 
 /// A tiny deterministic generator.
 #[derive(Clone, Debug)]

@@ -7,6 +7,7 @@ use std::fmt;
 /// hash of block `i - 1`, so equal hashes mean equal prefixes. Engines' own
 /// block hashes are mapped to these on ingestion and never used for routing.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+#[repr(transparent)]
 pub struct BlockHash(pub u64);
 
 impl fmt::Debug for BlockHash {

@@ -18,6 +18,7 @@
 //! - Results: [`PodMatch`] and [`PrefixMatch`], the ranked answer to "which
 //!   pods hold the longest prefix of this chain".
 //! - Events: [`CacheEvent`], what event sources produce and sinks apply.
+//! - Mixing: [`mix64`], the one 64-bit mixer every crate uses.
 //! - Traits: [`BlockHasher`] (tokens to chain), [`PrefixIndex`] (query),
 //!   [`CacheEventSink`] (apply events), [`PodDirectory`] (pod lifecycle).
 //!
@@ -40,6 +41,7 @@ mod block;
 mod error;
 mod event;
 mod matching;
+mod mix;
 mod pod;
 mod tier;
 mod traits;
@@ -48,6 +50,7 @@ pub use block::{BlockHash, Namespace};
 pub use error::Error;
 pub use event::CacheEvent;
 pub use matching::{PodMatch, PrefixMatch};
+pub use mix::{GOLDEN_GAMMA, mix64};
 pub use pod::{PodId, PodKey};
 pub use tier::{Tier, TierCounts};
 pub use traits::{BlockHasher, CacheEventSink, PodDirectory, PrefixIndex};

@@ -228,8 +228,8 @@ impl<const W: usize> Index<W> {
     }
 
     #[inline]
-    fn shard(&self, hash: BlockHash) -> &Shard<W> {
-        &self.shards[shard_of(hash.0, self.shard_bits)]
+    fn shard(&self, hash: u64) -> &Shard<W> {
+        &self.shards[shard_of(hash, self.shard_bits)]
     }
 
     /// The slot of a live pod, or why the pod cannot take events.
@@ -487,23 +487,20 @@ impl<const W: usize> Index<W> {
 
     /// The pods among `candidates` holding `hash`.
     #[inline]
-    fn probe(&self, hash: BlockHash, candidates: &HostBitmap<W>) -> HostBitmap<W> {
+    fn probe(&self, hash: u64, candidates: &HostBitmap<W>) -> HostBitmap<W> {
         let sh = self.shard(hash).read();
-        match sh.map.get(&hash.0) {
+        match sh.map.get(&hash) {
             Some(h) => h.and(&sh.slab, candidates),
             None => HostBitmap::EMPTY,
         }
     }
 
     #[inline]
-    fn emit(&self, pods: &HostBitmap<W>, depth: usize, out: &mut PrefixMatch) {
+    fn emit(&self, pods: &HostBitmap<W>, depth: usize, out: &mut impl MatchSink) {
         let blocks = depth as u32;
         for s in pods.iter() {
             let epoch = epoch_of(self.states[s].load(Ordering::Acquire));
-            out.push(PodMatch {
-                pod: PodId::new(s as u16, epoch),
-                blocks,
-            });
+            out.found(PodId::new(s as u16, epoch), blocks);
         }
     }
 
@@ -518,7 +515,7 @@ impl<const W: usize> Index<W> {
             if cand.is_empty() {
                 break;
             }
-            let held = self.probe(h, &cand);
+            let held = self.probe(h.0, &cand);
             probes += 1;
             self.emit(&cand.and_not(&held), i, out);
             cand = held;
@@ -537,17 +534,17 @@ impl<const W: usize> Index<W> {
 
     /// Scans `lo..hi` block by block for pods known to hold `lo - 1` and not
     /// `hi`, emitting the deepest group first (results stay ranked).
-    fn scan(
+    fn scan<C: HashChain + ?Sized>(
         &self,
-        chain: &[BlockHash],
+        chain: &C,
         (lo, hi, mut cand): Interval<W>,
-        out: &mut PrefixMatch,
+        out: &mut impl MatchSink,
     ) -> u32 {
         let mut groups: SmallVec<[(HostBitmap<W>, u32); 8]> = SmallVec::new();
         let mut probes = 0;
         let mut depth = hi;
         for i in lo..hi {
-            let held = self.probe(chain[i as usize], &cand);
+            let held = self.probe(chain.hash_at(i as usize), &cand);
             probes += 1;
             groups.push((cand.and_not(&held), i));
             cand = held;
@@ -565,20 +562,19 @@ impl<const W: usize> Index<W> {
         probes
     }
 
-    fn match_binary(&self, chain: &[BlockHash], out: &mut PrefixMatch) {
-        out.reset(chain.len());
+    fn match_binary<C: HashChain + ?Sized>(&self, chain: &C, out: &mut impl MatchSink) {
         let n = chain.len();
         if n == 0 {
             return;
         }
         let alive = self.alive();
         if n == 1 {
-            let first = self.probe(chain[0], &alive);
+            let first = self.probe(chain.hash_at(0), &alive);
             self.emit(&first, 1, out);
             out.add_probes(1);
             return;
         }
-        let first = self.probe(chain[0], &alive);
+        let first = self.probe(chain.hash_at(0), &alive);
         let mut probes = 1;
         if first.is_empty() {
             out.add_probes(probes);
@@ -588,7 +584,7 @@ impl<const W: usize> Index<W> {
         // prompts) are settled in two probes. (Issuing both probes at once
         // gains nothing here: each probe's lock is a locked instruction,
         // which orders the loads around it, and a miss would pay for two.)
-        let full = self.probe(chain[n - 1], &first);
+        let full = self.probe(chain.hash_at(n - 1), &first);
         probes += 1;
         self.emit(&full, n, out);
         let rest = first.and_not(&full);
@@ -605,7 +601,7 @@ impl<const W: usize> Index<W> {
                 continue;
             }
             let mid = lo + (hi - lo) / 2;
-            let held = self.probe(chain[mid as usize], &cand);
+            let held = self.probe(chain.hash_at(mid as usize), &cand);
             probes += 1;
             let missing = cand.and_not(&held);
             // Shallower half pushed first, so the deeper half pops first:
@@ -618,12 +614,129 @@ impl<const W: usize> Index<W> {
             }
         }
         out.add_probes(probes);
+    }
+
+    /// The pods holding a prefix of `chain`, longest first, into `out`
+    /// (reused: no allocation once it has grown). The same as
+    /// [`PrefixIndex::match_prefix_into`], without the trait in scope.
+    pub fn match_prefix_into(&self, chain: &[BlockHash], out: &mut PrefixMatch) {
+        out.reset(chain.len());
+        self.match_binary(chain, out);
         debug_assert!(
             out.pods()
                 .windows(2)
                 .all(|w| (w[0].blocks, w[1].pod) > (w[1].blocks, w[0].pod)),
             "binary partition emits ranked results"
         );
+    }
+
+    /// [`Index::match_prefix_into`] into a fresh result.
+    pub fn match_prefix(&self, chain: &[BlockHash]) -> PrefixMatch {
+        let mut out = PrefixMatch::new(chain.len());
+        self.match_prefix_into(chain, &mut out);
+        out
+    }
+
+    /// [`Index::match_prefix_into`] over raw hash values, without copying
+    /// them into `BlockHash`es (`BlockHash` is `repr(transparent)` over the
+    /// same `u64`).
+    pub fn match_hashes_into(&self, chain: &[u64], out: &mut PrefixMatch) {
+        out.reset(chain.len());
+        self.match_binary(chain, out);
+    }
+
+    /// Calls `f(pod, blocks)` for every live pod holding a prefix of
+    /// `chain`, longest first (ties by slot), with nothing allocated or
+    /// stored: for embedders that score pods as they come. Returns the
+    /// probes spent.
+    pub fn score_into(&self, chain: &[u64], f: impl FnMut(PodId, u32)) -> u32 {
+        let mut sink = FnSink { f, probes: 0 };
+        self.match_binary(chain, &mut sink);
+        sink.probes
+    }
+
+    /// Applies one event (the same as [`CacheEventSink::apply`], without
+    /// the trait in scope).
+    pub fn apply_event(&self, event: &CacheEvent) -> Result<(), Error> {
+        match event {
+            CacheEvent::Stored { pod, tier, blocks } => self.store(*pod, *tier, blocks),
+            CacheEvent::Removed { pod, tier, blocks } => self.remove(*pod, *tier, blocks),
+            CacheEvent::Cleared { pod } => self.clear(*pod),
+            CacheEvent::PodShutdown { pod } => self.shutdown(*pod),
+            // `CacheEvent` is non-exhaustive: a kind this index does not
+            // know is refused, not guessed at.
+            _ => Err(Error::UnknownPod(event.pod())),
+        }
+    }
+}
+
+/// A chain of block hashes as the index reads it: the router's
+/// [`BlockHash`]es, or the raw `u64` values an embedder already has.
+pub trait HashChain {
+    /// The number of blocks.
+    fn len(&self) -> usize;
+    /// Whether the chain has no blocks.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The hash of block `i` (`i < len`).
+    fn hash_at(&self, i: usize) -> u64;
+}
+
+impl HashChain for [BlockHash] {
+    #[inline]
+    fn len(&self) -> usize {
+        <[BlockHash]>::len(self)
+    }
+    #[inline]
+    fn hash_at(&self, i: usize) -> u64 {
+        self[i].0
+    }
+}
+
+impl HashChain for [u64] {
+    #[inline]
+    fn len(&self) -> usize {
+        <[u64]>::len(self)
+    }
+    #[inline]
+    fn hash_at(&self, i: usize) -> u64 {
+        self[i]
+    }
+}
+
+/// Where a search puts the pods it finds.
+trait MatchSink {
+    fn found(&mut self, pod: PodId, blocks: u32);
+    fn add_probes(&mut self, n: u32);
+}
+
+impl MatchSink for PrefixMatch {
+    #[inline]
+    fn found(&mut self, pod: PodId, blocks: u32) {
+        self.push(PodMatch { pod, blocks });
+    }
+    #[inline]
+    fn add_probes(&mut self, n: u32) {
+        PrefixMatch::add_probes(self, n);
+    }
+}
+
+struct FnSink<F> {
+    f: F,
+    probes: u32,
+}
+
+impl<F: FnMut(PodId, u32)> MatchSink for FnSink<F> {
+    #[inline]
+    fn found(&mut self, pod: PodId, blocks: u32) {
+        if blocks > 0 {
+            (self.f)(pod, blocks);
+        }
+    }
+    #[inline]
+    fn add_probes(&mut self, n: u32) {
+        self.probes += n;
     }
 }
 
@@ -656,7 +769,7 @@ fn sweeper_loop<const W: usize>(me: Weak<Index<W>>) {
 
 impl<const W: usize> PrefixIndex for Index<W> {
     fn match_prefix_into(&self, chain: &[BlockHash], out: &mut PrefixMatch) {
-        self.match_binary(chain, out);
+        Index::match_prefix_into(self, chain, out);
     }
 
     fn tier_counts(&self, pod: PodId, chain: &[BlockHash], depth: usize) -> Option<TierCounts> {
@@ -681,20 +794,33 @@ impl<const W: usize> PrefixIndex for Index<W> {
 
 impl<const W: usize> CacheEventSink for Index<W> {
     fn apply(&self, event: &CacheEvent) -> Result<(), Error> {
-        match event {
-            CacheEvent::Stored { pod, tier, blocks } => self.store(*pod, *tier, blocks),
-            CacheEvent::Removed { pod, tier, blocks } => self.remove(*pod, *tier, blocks),
-            CacheEvent::Cleared { pod } => self.clear(*pod),
-            CacheEvent::PodShutdown { pod } => self.shutdown(*pod),
-            // `CacheEvent` is non-exhaustive: a kind this index does not
-            // know is refused, not guessed at.
-            _ => Err(Error::UnknownPod(event.pod())),
-        }
+        self.apply_event(event)
     }
 }
 
 impl<const W: usize> PodDirectory for Index<W> {
     fn join(&self, key: &PodKey) -> Result<PodId, Error> {
+        Index::join(self, key)
+    }
+
+    fn pod_id(&self, key: &PodKey) -> Option<PodId> {
+        Index::pod_id(self, key)
+    }
+
+    fn pod_key(&self, id: PodId) -> Option<PodKey> {
+        Index::pod_key(self, id)
+    }
+
+    fn shutdown(&self, id: PodId) -> Result<(), Error> {
+        Index::shutdown(self, id)
+    }
+}
+
+/// The pod lifecycle (what [`PodDirectory`] calls), usable without the
+/// trait in scope.
+impl<const W: usize> Index<W> {
+    /// Gives `key` a slot (the same id again if it already has one).
+    pub fn join(&self, key: &PodKey) -> Result<PodId, Error> {
         let mut reg = self.registry.lock();
         if let Some(&id) = reg.by_key.get(key) {
             return Ok(id);
@@ -718,17 +844,21 @@ impl<const W: usize> PodDirectory for Index<W> {
         Ok(id)
     }
 
-    fn pod_id(&self, key: &PodKey) -> Option<PodId> {
+    /// The id of a joined pod.
+    pub fn pod_id(&self, key: &PodKey) -> Option<PodId> {
         self.registry.lock().by_key.get(key).copied()
     }
 
-    fn pod_key(&self, id: PodId) -> Option<PodKey> {
+    /// The key of a live pod's id (`None` for a departed id).
+    pub fn pod_key(&self, id: PodId) -> Option<PodKey> {
         let reg = self.registry.lock();
         let key = reg.keys.get(id.slot() as usize)?.as_ref()?;
         (reg.by_key.get(key) == Some(&id)).then(|| key.clone())
     }
 
-    fn shutdown(&self, id: PodId) -> Result<(), Error> {
+    /// Takes a pod out: gone from every query that starts after this
+    /// returns; its blocks are swept afterwards.
+    pub fn shutdown(&self, id: PodId) -> Result<(), Error> {
         let mut reg = self.registry.lock();
         let s = id.slot() as usize;
         let Some(st) = self.states.get(s) else {

@@ -37,28 +37,42 @@
 //!
 //! # Items
 //!
-//! - [`Index`]: implements `PrefixIndex`, `CacheEventSink` and `PodDirectory`
-//!   from `router-core`; [`IndexConfig`], [`IndexStats`].
+//! - [`Index`]: inherent methods for everything (`join`, `store`, `remove`,
+//!   `clear`, `shutdown`, `apply_event`, `match_prefix_into`,
+//!   `match_hashes_into` over raw `u64`s, `score_into` with a closure), and
+//!   `PrefixIndex`, `CacheEventSink` and `PodDirectory` from `router-core`;
+//!   [`IndexConfig`], [`IndexStats`], [`HashChain`].
+//! - Re-exported from `router-core`: [`BlockHash`], [`PodId`], [`PodKey`],
+//!   [`Tier`], [`CacheEvent`], [`PrefixMatch`] and the rest of what an
+//!   embedder names.
 //! - [`HostBitmap`]: the fixed-width pod set.
 //!
-//! # Example
+//! # Example: embedding it
+//!
+//! One dependency; every call below is an inherent method, so no trait
+//! needs importing (the traits are implemented too, for code generic over
+//! them).
 //!
 //! ```
-//! use router_core::{BlockHash, CacheEvent, CacheEventSink, PodDirectory, PodKey, PrefixIndex, Tier};
-//! use router_index::{Index, IndexConfig};
+//! use router_index::{BlockHash, Index, IndexConfig, PodKey, PrefixMatch, Tier};
 //!
 //! let index: std::sync::Arc<Index> = Index::new(IndexConfig::default());
 //! let a = index.join(&PodKey::new("http://pod-a:8000", 0))?;
 //! let b = index.join(&PodKey::new("http://pod-b:8000", 0))?;
-//! let chain: Vec<BlockHash> = (1..=8).map(BlockHash).collect();
-//! index.apply(&CacheEvent::Stored { pod: a, tier: Tier::Gpu, blocks: chain[..6].to_vec() })?;
-//! index.apply(&CacheEvent::Stored { pod: b, tier: Tier::Gpu, blocks: chain[..2].to_vec() })?;
-//! let m = index.match_prefix(&chain);
+//! let chain: Vec<u64> = (1..=8).collect(); // your block hashes, as they are
+//! let blocks: Vec<BlockHash> = chain.iter().map(|&h| BlockHash(h)).collect();
+//! index.store(a, Tier::Gpu, &blocks[..6])?; // from your engine's events
+//! index.store(b, Tier::Gpu, &blocks[..2])?;
+//! let mut m = PrefixMatch::default(); // reused: no allocation per query
+//! index.match_hashes_into(&chain, &mut m); // no copy of the chain
 //! assert_eq!(m.best().map(|p| (p.pod, p.blocks)), Some((a, 6)));
-//! assert_eq!(m.blocks_for(b), 2);
+//! assert_eq!(m.blocks_for(b), 2); // O(1)
+//! let mut best = (None, 0);
+//! index.score_into(&chain, |pod, held| if held > best.1 { best = (Some(pod), held) });
+//! assert_eq!(best, (Some(a), 6));
 //! index.shutdown(a)?; // gone from every later query at once
-//! assert_eq!(index.match_prefix(&chain).best().map(|p| p.pod), Some(b));
-//! # Ok::<(), router_core::Error>(())
+//! assert_eq!(index.match_prefix(&blocks).best().map(|p| p.pod), Some(b));
+//! # Ok::<(), router_index::Error>(())
 //! ```
 #![forbid(unsafe_code)]
 
@@ -69,7 +83,13 @@ mod shard;
 mod sync;
 
 pub use bitmap::{HostBitmap, Ones};
-pub use index::{Index, IndexConfig, IndexStats};
+pub use index::{HashChain, Index, IndexConfig, IndexStats};
+/// The vocabulary an embedder needs, from `router-core`, so one dependency
+/// is enough.
+pub use router_core::{
+    BlockHash, CacheEvent, CacheEventSink, Error, PodDirectory, PodId, PodKey, PodMatch,
+    PrefixIndex, PrefixMatch, Tier, TierCounts,
+};
 
 #[cfg(all(test, router_loom))]
 mod loom_models;

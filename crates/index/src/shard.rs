@@ -19,7 +19,7 @@ use crossbeam_utils::CachePadded;
 use crate::holders::{Holders, Slab};
 use crate::sync::RwLock;
 
-const FIBONACCI: u64 = 0x9E37_79B9_7F4A_7C15;
+const FIBONACCI: u64 = router_core::GOLDEN_GAMMA;
 
 /// The shard of a block hash among `1 << bits` shards.
 #[inline]
@@ -29,7 +29,7 @@ pub(crate) fn shard_of(hash: u64, bits: u32) -> usize {
         .unwrap_or(0) as usize
 }
 
-/// The in-shard hasher: MurmurHash3's 64-bit finaliser over the key.
+/// The in-shard hasher: [`router_core::mix64`] over the key.
 #[derive(Default, Clone, Copy, Debug)]
 pub(crate) struct MixHasher(u64);
 
@@ -46,23 +46,13 @@ impl Hasher for MixHasher {
 
     #[inline]
     fn write_u64(&mut self, v: u64) {
-        self.0 = fmix64(self.0 ^ v);
+        self.0 = router_core::mix64(self.0 ^ v);
     }
 
     #[inline]
     fn finish(&self) -> u64 {
         self.0
     }
-}
-
-#[inline]
-fn fmix64(mut k: u64) -> u64 {
-    k ^= k >> 33;
-    k = k.wrapping_mul(0xff51_afd7_ed55_8ccd);
-    k ^= k >> 33;
-    k = k.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
-    k ^= k >> 33;
-    k
 }
 
 pub(crate) type BlockMap = HashMap<u64, Holders, BuildHasherDefault<MixHasher>>;

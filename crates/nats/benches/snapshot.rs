@@ -15,12 +15,7 @@ use router_nats::{PodSnapshot, Snapshot};
 const PODS: usize = 64;
 const BLOCKS: usize = 1 << 20;
 
-fn mix(mut x: u64) -> u64 {
-    x ^= x >> 33;
-    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
-    x ^= x >> 33;
-    x
-}
+use router_core::mix64 as mix;
 
 fn snapshot() -> Snapshot {
     let per = BLOCKS / PODS;

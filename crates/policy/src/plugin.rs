@@ -155,13 +155,13 @@ impl Rng {
     }
 
     pub(crate) fn next(&self) -> u64 {
-        let mut z = self
-            .0
-            .fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed)
-            .wrapping_add(0x9E37_79B9_7F4A_7C15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        // SplitMix64.
+        let gamma = router_core::GOLDEN_GAMMA;
+        router_core::mix64(
+            self.0
+                .fetch_add(gamma, Ordering::Relaxed)
+                .wrapping_add(gamma),
+        )
     }
 
     /// A value in `0..n` (`n > 0`).

@@ -111,10 +111,7 @@ impl Policy {
 
 /// A trace block id as a router block hash (ids are already prefix-chained).
 pub fn block_hash(id: u64) -> BlockHash {
-    let mut z = id ^ 0xB10C_B10C_B10C_B10C;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    BlockHash(z ^ (z >> 31))
+    BlockHash(router_core::mix64(id ^ 0xB10C_B10C_B10C_B10C))
 }
 
 struct Run {

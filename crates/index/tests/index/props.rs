@@ -45,9 +45,22 @@ proptest! {
         let lin = index.match_prefix_linear(&c);
         prop_assert_eq!(bin.pods(), lin.pods());
         let got: HashMap<_, _> = bin.pods().iter().map(|m| (m.pod, m.blocks)).collect();
-        prop_assert_eq!(got, want);
+        prop_assert_eq!(&got, &want);
         let ranked: Vec<u32> = bin.pods().iter().map(|m| m.blocks).collect();
         prop_assert!(ranked.windows(2).all(|w| w[0] >= w[1]), "ranked longest first");
+        // The raw-u64 query, the closure and the O(1) lookup agree with it.
+        let raw: Vec<u64> = c.iter().map(|h| h.0).collect();
+        let mut by_hashes = router_index::PrefixMatch::default();
+        index.match_hashes_into(&raw, &mut by_hashes);
+        prop_assert_eq!(by_hashes.pods(), bin.pods());
+        let mut scored = Vec::new();
+        let probes = index.score_into(&raw, |pod, blocks| scored.push((pod, blocks)));
+        let listed: Vec<_> = bin.pods().iter().map(|m| (m.pod, m.blocks)).collect();
+        prop_assert_eq!(scored, listed);
+        prop_assert_eq!(probes, bin.probes());
+        for pod in &pods {
+            prop_assert_eq!(bin.blocks_for(*pod), want.get(pod).copied().unwrap_or(0));
+        }
     }
 
     /// Arbitrary state: every reported depth is a true boundary, every pod

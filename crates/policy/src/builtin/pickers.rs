@@ -215,12 +215,8 @@ impl Default for ConsistentHash {
 
 /// The rendezvous-hashing weight of `pod` for `key`.
 pub(crate) fn rendezvous_weight(key: u64, pod: &PodState) -> u64 {
-    let mut z = key
-        ^ ((pod.id.slot() as u64) << 32 | pod.id.epoch() as u64)
-            .wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
+    let pod_key = (pod.id.slot() as u64) << 32 | pod.id.epoch() as u64;
+    router_core::mix64(key ^ pod_key.wrapping_mul(router_core::GOLDEN_GAMMA))
 }
 
 impl Plugin for ConsistentHash {

@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# The gateway's overhead against a direct engine, with wrk (not in CI):
+# one simulated engine at time_scale 0 (it answers at once, so what is
+# measured is HTTP, tokenizing and routing), hosted by the bundled gateway
+# in its own process; wrk posts the same chat request straight to it, then
+# through a front gateway (a second process with that engine as its only
+# pod, events on), non-streamed and streamed. Every figure is a ratio to
+# the direct engine measured just before, in the same run.
+#
+#   scripts/overhead.sh                          # the current gateway
+#   scripts/overhead.sh OLD_BIN NEW_BIN          # two builds side by side
+#   PEERS=1 scripts/overhead.sh                  # smg in front as well
+#   MODES=plain DURATION=20s scripts/overhead.sh # non-streamed only, longer
+#
+# Needs wrk (apt-get install wrk). Loopback only; every wrk run is bounded
+# by DURATION (default 10s) with CONNS connections (default 16).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+command -v wrk > /dev/null || { echo "overhead.sh needs wrk (apt-get install wrk)"; exit 2; }
+DURATION=${DURATION:-10s}
+CONNS=${CONNS:-16}
+out=target/overhead
+mkdir -p "$out"
+if [ $# -eq 0 ]; then
+    cargo build --release --locked --example gateway
+    set -- target/release/examples/gateway
+fi
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill -TERM -- "-$p" 2>/dev/null || true; done
+    sleep 0.5
+    for p in "${pids[@]}"; do kill -KILL -- "-$p" 2>/dev/null || true; done
+    pids=()
+}
+trap cleanup EXIT
+wait_log() { for _ in $(seq 300); do grep -q "$2" "$1" && return 0; sleep 0.1; done; echo "timeout: $1"; exit 1; }
+
+# The engine host (the last binary given: the bundled config is its own):
+# one simulated engine answering at once.
+sed -e "s|^tokenizer = .*|tokenizer = \"$PWD/assets/tokenizers/qwen3\"|" \
+    -e "s|^engines = .*|engines = 1|" -e "s|^time_scale = .*|time_scale = 0.0|" \
+    crates/gateway/gateway.toml > "$out/engine-host.toml"
+port=$(free_port)
+setsid "${@: -1}" --config "$out/engine-host.toml" --listen "127.0.0.1:$port" > "$out/engine-host.log" 2>&1 &
+pids+=($!)
+wait_log "$out/engine-host.log" '^POST'
+line=$(grep -m1 ' pod ' "$out/engine-host.log")
+engine_url=$(echo "$line" | grep -o 'http://[0-9.:]*')
+events=$(echo "$line" | grep -o 'tcp://[0-9.:]*')
+
+# The request: a 250-word system prompt and a question, 16 tokens back.
+prompt=$(python3 -c 'print(" ".join(f"rule{i % 50} says cache prefixes" for i in range(60)))')
+for mode in plain stream; do
+    stream=false
+    [ "$mode" = stream ] && stream=true
+    cat > "$out/$mode.lua" <<LUA
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+wrk.body = '{"model": "Qwen/Qwen3-0.6B", "max_tokens": 16, "stream": $stream, "messages": [{"role": "system", "content": "$prompt"}, {"role": "user", "content": "Which pod holds my prefix?"}]}'
+LUA
+done
+
+# Runs wrk against $1/v1/chat/completions; prints "req/s p50 p99".
+measure() {
+    local r
+    r=$(wrk -t2 -c"$CONNS" -d"$DURATION" --latency -s "$out/$2.lua" "$1/v1/chat/completions")
+    if echo "$r" | grep -q 'Non-2xx'; then echo "$r" >&2; echo "non-2xx answers from $1" >&2; exit 1; fi
+    echo "$(echo "$r" | awk '/Requests\/sec/ {print $2}') $(echo "$r" | awk '$1 == "50%" {print $2}') $(echo "$r" | awk '$1 == "99%" {print $2}')"
+}
+
+# Starts one front (a gateway binary, or "smg") in front of the engine;
+# sets FRONT_URL. One front runs at a time: every cache-router front
+# follows the engine's events, so idle ones would tax the measured one.
+start_front() {
+    local p
+    p=$(free_port)
+    if [ "$1" = smg ]; then
+        venv=${PEERS_VENV:-target/compare/peers-venv}
+        [ -x "$venv/bin/python" ] || { python3 -m venv "$venv"; "$venv/bin/pip" install --quiet smg; }
+        setsid "$venv/bin/python" -m smg launch --worker-urls "$engine_url" --policy cache_aware \
+            --host 127.0.0.1 --port "$p" --prometheus-host 127.0.0.1 --prometheus-port "$(free_port)" \
+            > "$out/smg.log" 2>&1 &
+        pids+=($!)
+        for _ in $(seq 300); do
+            python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$p/health', timeout=1)" 2> /dev/null && break
+            sleep 0.2
+        done
+    else
+        cat > "$out/front-$p.toml" <<TOML
+[gateway]
+listen = "127.0.0.1:$p"
+model = "Qwen/Qwen3-0.6B"
+tokenizer = "$PWD/assets/tokenizers/qwen3"
+
+[[pods]]
+name = "e0"
+url = "$engine_url"
+events = "$events"
+TOML
+        setsid "$1" --config "$out/front-$p.toml" > "$out/front-$p.log" 2>&1 &
+        pids+=($!)
+        wait_log "$out/front-$p.log" '^POST'
+    fi
+    FRONT_URL=http://127.0.0.1:$p
+    front_pid=${pids[-1]}
+    sleep 1
+}
+
+fronts=("$@")
+[ "${PEERS:-0}" = 1 ] && fronts+=(smg)
+echo "| request | front | req/s | p50 | p99 | direct engine req/s (just before) | req/s against direct |"
+echo "|---|---|---|---|---|---|---|"
+for mode in ${MODES:-plain stream}; do
+    for f in "${fronts[@]}"; do
+        read -r d_rps _ _ <<< "$(measure "$engine_url" "$mode")"
+        start_front "$f"
+        read -r rps p50 p99 <<< "$(measure "$FRONT_URL" "$mode")"
+        kill -TERM -- "-$front_pid" 2> /dev/null || true
+        sleep 0.5
+        kill -KILL -- "-$front_pid" 2> /dev/null || true
+        echo "| $mode | $f | $rps | $p50 | $p99 | $d_rps | $(python3 -c "print(f'{$rps / $d_rps:.2f}')") |"
+    done
+done
