@@ -130,10 +130,11 @@ async fn main() {
     }
     for p in gateways[0].pods() {
         println!(
-            "  pod {:<8} {} events {}",
+            "  pod {:<8} {} events {} replay {}",
             p.config.name,
             p.config.url,
-            p.config.events.as_deref().unwrap_or("-")
+            p.config.events.as_deref().unwrap_or("-"),
+            p.config.replay.as_deref().unwrap_or("-")
         );
     }
     println!(

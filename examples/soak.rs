@@ -6,9 +6,12 @@
 //! ./target/release/examples/soak --minutes 10
 //! ```
 //!
-//! It starts `--gateway-bin` (the bundled config: four simulated engines in
-//! that process) on a free port. Normal sessions (multi-turn chats,
-//! streamed) run beside clients that:
+//! It starts `--gateway-bin` twice: once with the bundled config, hosting
+//! four simulated engines (their replay buffers grow to 10000 batches
+//! each, so that process's memory grows by design), and once as the
+//! gateway under test, with those engines as its pods (events and replay
+//! on). Normal sessions (multi-turn chats, streamed) run against the
+//! second beside clients that:
 //! - trickle header bytes, or open connections and send nothing;
 //! - declare a body and stall;
 //! - send garbage request lines, malformed JSON, bodies over the limit,
@@ -16,7 +19,7 @@
 //! - drop streamed answers after the first chunk, or read them slowly.
 //!
 //! Every loop stops at the deadline. Each sample row gives the gateway's
-//! RSS and open file descriptors; at the end the in-flight gauges must be
+//! RSS and open file descriptors (and the engines' host's RSS); at the end the in-flight gauges must be
 //! back at 0, the descriptors back near their start, and every normal turn
 //! answered. The exit status is non-zero if not.
 
@@ -68,6 +71,36 @@ fn proc_status(pid: u32, key: &str) -> u64 {
                 .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
         })
         .unwrap_or(0)
+}
+
+/// Starts `bin` with `args`, its stdout to `log`.
+fn spawn(bin: &std::path::Path, args: &[&str], log: &std::path::Path) -> std::process::Child {
+    std::process::Command::new(bin)
+        .args(args)
+        .stdout(std::fs::File::create(log).expect("a log file"))
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()))
+}
+
+/// Waits until `url/health` answers 200.
+async fn healthy(url: &str) {
+    let ready = Instant::now() + Duration::from_secs(60);
+    while reqwest::get(format!("{url}/health"))
+        .await
+        .map_or(true, |r| r.status() != 200)
+    {
+        assert!(Instant::now() < ready, "{url} did not become healthy");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn free_addr() -> String {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    format!("127.0.0.1:{port}")
 }
 
 fn open_fds(pid: u32) -> usize {
@@ -299,27 +332,43 @@ async fn metric(url: &str, name: &str) -> f64 {
 #[tokio::main]
 async fn main() {
     let args = Args::parse();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr = format!("127.0.0.1:{port}");
-    let url = format!("http://{addr}");
-    let mut child = std::process::Command::new(&args.gateway_bin)
-        .args(["--listen", &addr])
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {}: {e}", args.gateway_bin.display()));
-    let pid = child.id();
-    let ready = Instant::now() + Duration::from_secs(30);
-    while reqwest::get(format!("{url}/health"))
-        .await
-        .map_or(true, |r| r.status() != 200)
+    let dir = std::env::temp_dir().join(format!("cache-router-soak-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // The engines' host, then the gateway under test in front of them.
+    let host_addr = free_addr();
+    let mut host = spawn(
+        &args.gateway_bin,
+        &["--listen", &host_addr],
+        &dir.join("host.log"),
+    );
+    healthy(&format!("http://{host_addr}")).await;
+    let host_log = std::fs::read_to_string(dir.join("host.log")).unwrap();
+    let tokenizer = concat!(env!("CARGO_MANIFEST_DIR"), "/assets/tokenizers/qwen3");
+    let addr = free_addr();
+    let mut config = format!(
+        "[gateway]\nlisten = \"{addr}\"\nmodel = \"{MODEL}\"\ntokenizer = \"{tokenizer}\"\n"
+    );
+    for line in host_log
+        .lines()
+        .filter(|l| l.trim_start().starts_with("pod "))
     {
-        assert!(Instant::now() < ready, "the gateway did not become healthy");
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        let f: Vec<&str> = line.split_whitespace().collect();
+        // pod NAME URL events EP replay EP
+        config.push_str(&format!(
+            "\n[[pods]]\nname = \"{}\"\nurl = \"{}\"\nevents = \"{}\"\nreplay = \"{}\"\n",
+            f[1], f[2], f[4], f[6]
+        ));
     }
+    std::fs::write(dir.join("front.toml"), &config).unwrap();
+    let front_config = dir.join("front.toml").display().to_string();
+    let mut child = spawn(
+        &args.gateway_bin,
+        &["--config", &front_config],
+        &dir.join("front.log"),
+    );
+    let url = format!("http://{addr}");
+    healthy(&url).await;
+    let pid = child.id();
     let fds_at_start = open_fds(pid);
     let counts = Arc::new(Counts::default());
     let start = Instant::now();
@@ -332,14 +381,14 @@ async fn main() {
         tasks.push(tokio::spawn(hostile(addr.clone(), i, end, counts.clone())));
     }
     println!(
-        "| minute | RSS MiB | open fds | normal turns ok | failed | hostile requests | unexpected |"
+        "| minute | gateway RSS MiB | gateway open fds | normal turns ok | failed | hostile requests | unexpected | engines' host RSS MiB |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|");
     let mut rss = Vec::new();
     loop {
         let row = |t: f64, rss: u64| {
             println!(
-                "| {:.1} | {:.1} | {} | {} | {} | {} | {} |",
+                "| {:.1} | {:.1} | {} | {} | {} | {} | {} | {:.1} |",
                 t / 60.0,
                 rss as f64 / 1024.0,
                 open_fds(pid),
@@ -347,6 +396,7 @@ async fn main() {
                 counts.turns_failed.load(Ordering::Relaxed),
                 counts.hostile.load(Ordering::Relaxed),
                 counts.unexpected.load(Ordering::Relaxed),
+                proc_status(host.id(), "VmRSS:") as f64 / 1024.0,
             )
         };
         let r = proc_status(pid, "VmRSS:");
@@ -378,8 +428,11 @@ async fn main() {
         fds_after,
         in_flight
     );
-    let _ = child.kill();
-    let _ = child.wait();
+    for c in [&mut child, &mut host] {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    std::fs::remove_dir_all(&dir).ok();
     let failed = counts.turns_failed.load(Ordering::Relaxed);
     let unexpected = counts.unexpected.load(Ordering::Relaxed);
     let leaked_fds = fds_after > fds_at_start + 8;

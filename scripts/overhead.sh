@@ -47,7 +47,7 @@ pids+=($!)
 wait_log "$out/engine-host.log" '^POST'
 line=$(grep -m1 ' pod ' "$out/engine-host.log")
 engine_url=$(echo "$line" | grep -o 'http://[0-9.:]*')
-events=$(echo "$line" | grep -o 'tcp://[0-9.:]*')
+events=$(echo "$line" | grep -o 'events tcp://[0-9.:]*' | cut -d' ' -f2)
 
 # The request: a 250-word system prompt and a question, 16 tokens back.
 prompt=$(python3 -c 'print(" ".join(f"rule{i % 50} says cache prefixes" for i in range(60)))')

@@ -24,7 +24,7 @@ fn bench_match(c: &mut Criterion) {
     let mut g = c.benchmark_group("match");
     for n in [1024usize, 4096] {
         for k in [1usize, 8, 64] {
-            let w = workload::w2(3, n, k, 0);
+            let w = workload::w2(3, n, k, 1, 0);
             let ours = Ours::new(w.pods);
             for op in &w.setup {
                 if let Op::Store { pod, from, to, .. } = op {

@@ -126,8 +126,9 @@ fn store_ops(pod: u32, chain: u32, len: usize, per_event: usize, ops: &mut Vec<O
 }
 
 /// W1, shared prefixes: 16 pods, 4000 chains of 128 blocks built from 8
-/// shared 32-block prefixes; queries are half full hits (a stored chain),
-/// half partial (a new chain on a known prefix).
+/// shared 32-block prefixes, each stored whole in one event (as an engine
+/// reports a finished prefill); queries are half full hits (a stored
+/// chain), half partial (a new chain on a known prefix).
 pub fn w1(seed: u64, queries: usize) -> Workload {
     const PODS: usize = 16;
     const CHAINS: usize = 4000;
@@ -151,7 +152,7 @@ pub fn w1(seed: u64, queries: usize) -> Workload {
     for id in 0..CHAINS {
         chains.push(make(id as u64, id % 8));
         let pod = rng.below(PODS as u64) as u32;
-        store_ops(pod, id as u32, LEN, 16, &mut setup);
+        store_ops(pod, id as u32, LEN, LEN, &mut setup);
     }
     let mut run = Vec::with_capacity(queries);
     for q in 0..queries {
@@ -175,24 +176,38 @@ pub fn w1(seed: u64, queries: usize) -> Workload {
     }
 }
 
-/// W2, many pods and long prompts: 256 pods share one chain of `n` blocks
-/// and drop off at `k` distinct depths; every query is the whole chain.
-pub fn w2(seed: u64, n: usize, k: usize, queries: usize) -> Workload {
+/// W2, many pods and long prompts: 256 pods share each of `chains` chains
+/// of `n` blocks and drop off at `k` distinct depths (pods dealt to depths
+/// differently on every chain); every query is a whole chain, picked at
+/// random, so the state a query meets is rarely in cache.
+pub fn w2(seed: u64, n: usize, k: usize, chains: usize, queries: usize) -> Workload {
     const PODS: usize = 256;
-    let chain = Chain::new((0..n).map(|i| mix(seed ^ i as u64)).collect());
+    let mut rng = Rng::new(seed ^ n as u64 ^ (k as u64) << 20);
+    let all: Vec<Chain> = (0..chains as u64)
+        .map(|c| Chain::new((0..n).map(|i| mix(seed ^ (c << 40) ^ i as u64)).collect()))
+        .collect();
     let mut setup = Vec::new();
-    for pod in 0..PODS {
-        // Depths spread evenly over 1..=n, pods dealt round robin.
-        let level = pod % k;
-        let depth = ((level + 1) * n / k).max(1);
-        store_ops(pod as u32, 0, depth, 64, &mut setup);
+    for c in 0..chains {
+        let shift = rng.below(PODS as u64) as usize;
+        for pod in 0..PODS {
+            // Depths spread evenly over 1..=n, pods dealt round robin from
+            // a different pod on each chain.
+            let level = (pod + shift) % k;
+            let depth = ((level + 1) * n / k).max(1);
+            store_ops(pod as u32, c as u32, depth, 64, &mut setup);
+        }
     }
+    let run = (0..queries)
+        .map(|_| Op::Query {
+            chain: rng.below(chains as u64) as u32,
+        })
+        .collect();
     Workload {
-        name: format!("W2 N={n} K={k}"),
+        name: format!("W2 N={n} K={k} ({chains} chains)"),
         pods: PODS,
-        chains: vec![chain],
+        chains: all,
         setup,
-        run: vec![Op::Query { chain: 0 }; queries],
+        run,
     }
 }
 

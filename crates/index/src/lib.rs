@@ -93,3 +93,8 @@ pub use router_core::{
 
 #[cfg(all(test, router_loom))]
 mod loom_models;
+
+/// The README's example, compiled and run with the doc tests.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

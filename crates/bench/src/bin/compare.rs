@@ -1,7 +1,7 @@
 //! Side-by-side comparison of router-index and the peer indexes.
 //!
 //! ```sh
-//! cargo run --release -p router-bench --features peers --bin compare -- [--quick] [--only W1,W2,W3,W4]
+//! cargo run --release -p router-bench --features peers --bin compare -- [--quick] [--loaded] [--only W1,W2,W3,W4]
 //! ```
 //!
 //! Every subject runs the same seeded workloads in one process, one after
@@ -237,7 +237,7 @@ fn w1(quick: bool) {
         &outcomes,
         &[
             ("stored blocks/s", stores),
-            ("store events/s (16 blocks)", events),
+            ("store events/s (128 blocks)", events),
             ("bytes per (block, pod)", bytes),
         ],
     );
@@ -250,7 +250,10 @@ fn w2(quick: bool) {
             if k > n {
                 continue;
             }
-            let w = workload::w2(2, n, k, if quick { 300 } else { 3_000 });
+            // About 2^17 blocks per workload, whatever the chain length:
+            // far more state than the caches hold, for every subject.
+            let chains = ((1usize << 17) / n).max(1);
+            let w = workload::w2(2, n, k, chains, if quick { 300 } else { 3_000 });
             let outcomes: Vec<Outcome> = subjects()
                 .into_iter()
                 .map(|(_, f)| run(&w, f, 50))
@@ -317,9 +320,7 @@ fn w4(quick: bool) {
                     let pod = rng.below(w.pods as u64) as u32;
                     let c = &w.chains[chain];
                     if rng.below(2) == 0 {
-                        for from in (0..c.len()).step_by(16) {
-                            s.store(pod, c, from, (from + 16).min(c.len()));
-                        }
+                        s.store(pod, c, 0, c.len());
                     } else {
                         let positions: Vec<u32> = (64..c.len() as u32).collect();
                         s.remove(pod, c, &positions);
@@ -367,7 +368,7 @@ fn w4(quick: bool) {
     }
     println!("\n### W4 concurrent: reader latency under a full-speed writer\n");
     println!(
-        "| index | reader p50 (us) | reader p99 (us) | writer events/s (store 8x16 blocks or remove 64) |"
+        "| index | reader p50 (us) | reader p99 (us) | writer events/s (store 128 blocks or remove 64) |"
     );
     println!("|---|---:|---:|---:|");
     for (o, r) in outcomes.iter().zip(writer_rates) {
@@ -430,9 +431,30 @@ fn memory() {
     }
 }
 
+/// A loaded router host: a thread streaming through a buffer much larger
+/// than the caches (reading and writing every cache line), for as long as
+/// the process runs.
+fn start_background_load(mib: usize) {
+    std::thread::spawn(move || {
+        let mut buf = vec![1u64; mib << 17];
+        let mut x = 0u64;
+        loop {
+            for v in buf.iter_mut().step_by(8) {
+                x = x.wrapping_add(*v);
+                *v = x;
+            }
+            std::hint::black_box(x);
+        }
+    });
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let quick = args.iter().any(|a| a == "--quick");
+    if args.iter().any(|a| a == "--loaded") {
+        println!("loaded: a background thread streams through 256 MiB the whole run");
+        start_background_load(256);
+    }
     let only: Option<Vec<String>> = args
         .iter()
         .position(|a| a == "--only")
