@@ -342,7 +342,15 @@ async fn main() {
         &dir.join("host.log"),
     );
     healthy(&format!("http://{host_addr}")).await;
-    let host_log = std::fs::read_to_string(dir.join("host.log")).unwrap();
+    // The pod list is printed once the gateway is up; its last line
+    // starts with POST.
+    let host_log = loop {
+        let text = std::fs::read_to_string(dir.join("host.log")).unwrap_or_default();
+        if text.lines().any(|l| l.starts_with("POST")) {
+            break text;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     let tokenizer = concat!(env!("CARGO_MANIFEST_DIR"), "/assets/tokenizers/qwen3");
     let addr = free_addr();
     let mut config = format!(

@@ -36,6 +36,7 @@ mod error;
 mod metrics;
 mod openai;
 mod pods;
+mod pool;
 mod server;
 mod sse;
 mod wire;

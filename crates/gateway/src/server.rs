@@ -108,6 +108,8 @@ struct AppState {
     max_prompt_tokens: Option<u64>,
     sanitize_control_tokens: bool,
     tokenize: Semaphore,
+    /// The threads that tokenize (as many as `tokenize` has permits).
+    tokenizers: crate::pool::Pool,
     pods: Arc<Pods>,
     breaker: Arc<CircuitBreaker>,
     executor: Executor,
@@ -411,6 +413,11 @@ impl Gateway {
             },
             sanitize_control_tokens: g.sanitize_control_tokens,
             tokenize: Semaphore::new(g.tokenize_concurrency),
+            tokenizers: crate::pool::Pool::new("cache-router-tokenize", g.tokenize_concurrency)
+                .map_err(|e| Error::Bind {
+                    what: "tokenizer threads".into(),
+                    message: e.to_string(),
+                })?,
             pods: pods.clone(),
             breaker,
             executor,
@@ -1014,8 +1021,9 @@ fn check_prompt_length(s: &AppState, prompt: u64, asked: u64) -> Result<(), Fail
     }
 }
 
-/// The prompt's tokens, computed off the async threads, a bounded number
-/// at once; the body comes back with them.
+/// The prompt's tokens, computed on the gateway's tokenizer threads (off
+/// the async threads, a bounded number at once; see `pool.rs` for why not
+/// `spawn_blocking`); the body comes back with them.
 async fn tokenize(s: &AppState, api: Api, body: Value) -> Result<(Value, Vec<u32>), Failure> {
     let _permit = s.tokenize.acquire().await.map_err(|_| {
         (
@@ -1029,17 +1037,19 @@ async fn tokenize(s: &AppState, api: Api, body: Value) -> Result<(Value, Vec<u32
         )
     })?;
     let (tok, sanitize) = (s.tokenizer.clone(), s.sanitize_control_tokens);
-    let (body, tokens) = tokio::task::spawn_blocking(move || {
-        let t = openai::prompt_tokens(api, &body, &tok, sanitize);
-        (body, t)
-    })
-    .await
-    .map_err(|e| {
-        (
-            "internal",
-            ApiError::new(500, "server_error", "internal", e.to_string()),
-        )
-    })?;
+    let (body, tokens) = s
+        .tokenizers
+        .run(move || {
+            let t = openai::prompt_tokens(api, &body, &tok, sanitize);
+            (body, t)
+        })
+        .await
+        .ok_or_else(|| {
+            (
+                "internal",
+                ApiError::new(500, "server_error", "internal", "tokenizing failed".into()),
+            )
+        })?;
     Ok((body, tokens.map_err(|e| ("bad_request", e))?))
 }
 
