@@ -15,15 +15,21 @@ pub struct PodMatch {
 /// (which every [`crate::PrefixIndex`] does before returning) pods are sorted
 /// by matched blocks, longest first, ties by slot. The value is meant to be
 /// reused across queries: [`PrefixMatch::reset`] keeps its allocation.
-/// [`PrefixMatch::blocks_for`] finds a pod in O(1).
+/// [`PrefixMatch::blocks_for`] scans the pods, or finds one in O(1) after
+/// [`PrefixMatch::index_slots`].
 #[derive(Clone, Debug, Default)]
 pub struct PrefixMatch {
     pods: Vec<PodMatch>,
     chain_len: usize,
     probes: u32,
-    /// By slot: 1 + the pod's position in `pods`, 0 if absent. Grows to the
-    /// largest slot seen; only the entries of `pods` are ever non-zero.
+    /// By slot: 1 + the pod's position in `pods`, 0 if absent; built by
+    /// `index_slots`. Grows to the largest slot seen; only entries of
+    /// `pods` are ever non-zero, and only while `table_set`.
     at_slot: Vec<u32>,
+    /// `at_slot` has entries for the current pods (reset clears them).
+    table_set: bool,
+    /// `at_slot` is up to date with `pods` (a push or a rank spoils it).
+    indexed: bool,
 }
 
 /// Equal pods, chain length and probes (the slot table is bookkeeping).
@@ -43,14 +49,22 @@ impl PrefixMatch {
             chain_len,
             probes: 0,
             at_slot: Vec::new(),
+            table_set: false,
+            indexed: false,
         }
     }
 
     /// Clears the result for a new query of `chain_len` blocks, keeping capacity.
     #[inline]
     pub fn reset(&mut self, chain_len: usize) {
-        for m in &self.pods {
-            self.at_slot[m.pod.slot() as usize] = 0;
+        if self.table_set {
+            for m in &self.pods {
+                if let Some(e) = self.at_slot.get_mut(m.pod.slot() as usize) {
+                    *e = 0;
+                }
+            }
+            self.table_set = false;
+            self.indexed = false;
         }
         self.pods.clear();
         self.chain_len = chain_len;
@@ -61,15 +75,8 @@ impl PrefixMatch {
     #[inline]
     pub fn push(&mut self, m: PodMatch) {
         if m.blocks > 0 {
-            let s = m.pod.slot() as usize;
-            if s >= self.at_slot.len() {
-                self.at_slot.resize(s + 1, 0);
-            }
             self.pods.push(m);
-            // A pod pushed twice is found at its first entry.
-            if self.at_slot[s] == 0 {
-                self.at_slot[s] = self.pods.len() as u32;
-            }
+            self.indexed = false;
         }
     }
 
@@ -87,10 +94,36 @@ impl PrefixMatch {
     pub fn rank(&mut self) {
         self.pods
             .sort_unstable_by(|a, b| b.blocks.cmp(&a.blocks).then(a.pod.cmp(&b.pod)));
-        // Backwards, so a pod pushed twice is found at its first entry.
+        self.indexed = false;
+    }
+
+    /// Builds the slot table that makes [`PrefixMatch::blocks_for`] O(1),
+    /// for callers that look up many pods in one result. It costs a write
+    /// per matched pod (and one more in the next reset), which queries
+    /// that never look a pod up should not pay; it keeps its allocation
+    /// across resets.
+    pub fn index_slots(&mut self) {
+        if self.table_set {
+            // Stale entries of moved or earlier pods go first.
+            for e in self.at_slot.iter_mut() {
+                *e = 0;
+            }
+        }
+        let top = self
+            .pods
+            .iter()
+            .map(|m| m.pod.slot() as usize + 1)
+            .max()
+            .unwrap_or(0);
+        if self.at_slot.len() < top {
+            self.at_slot.resize(top, 0);
+        }
+        // Backwards, so a pod listed twice is found at its first entry.
         for (i, m) in self.pods.iter().enumerate().rev() {
             self.at_slot[m.pod.slot() as usize] = i as u32 + 1;
         }
+        self.table_set = true;
+        self.indexed = true;
     }
 
     /// Records `n` more index probes spent on this query.
@@ -114,6 +147,13 @@ impl PrefixMatch {
     /// The blocks matched by `pod`, 0 when it holds none of the chain.
     #[inline]
     pub fn blocks_for(&self, pod: PodId) -> u32 {
+        if !self.indexed {
+            return self
+                .pods
+                .iter()
+                .find(|m| m.pod == pod)
+                .map_or(0, |m| m.blocks);
+        }
         let at = self.at_slot.get(pod.slot() as usize).copied().unwrap_or(0);
         match at.checked_sub(1).and_then(|i| self.pods.get(i as usize)) {
             // The slot's entry, if it is this pod's epoch.
@@ -174,6 +214,16 @@ mod tests {
             }
             if round % 2 == 0 {
                 m.rank();
+            }
+            // Looked up with and without the table, and with a stale one.
+            if round % 3 != 0 {
+                m.index_slots();
+            }
+            if round % 5 == 0 {
+                m.push(PodMatch {
+                    pod: PodId::new(49, 2),
+                    blocks: 1,
+                });
             }
             for slot in 0..50u16 {
                 for epoch in 0..3 {

@@ -66,7 +66,8 @@
 //! let mut m = PrefixMatch::default(); // reused: no allocation per query
 //! index.match_hashes_into(&chain, &mut m); // no copy of the chain
 //! assert_eq!(m.best().map(|p| (p.pod, p.blocks)), Some((a, 6)));
-//! assert_eq!(m.blocks_for(b), 2); // O(1)
+//! m.index_slots(); // for many lookups: blocks_for is then O(1)
+//! assert_eq!(m.blocks_for(b), 2);
 //! let mut best = (None, 0);
 //! index.score_into(&chain, |pod, held| if held > best.1 { best = (Some(pod), held) });
 //! assert_eq!(best, (Some(a), 6));

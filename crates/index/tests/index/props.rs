@@ -58,8 +58,12 @@ proptest! {
         let listed: Vec<_> = bin.pods().iter().map(|m| (m.pod, m.blocks)).collect();
         prop_assert_eq!(scored, listed);
         prop_assert_eq!(probes, bin.probes());
+        let mut indexed = bin.clone();
+        indexed.index_slots();
         for pod in &pods {
-            prop_assert_eq!(bin.blocks_for(*pod), want.get(pod).copied().unwrap_or(0));
+            let expected = want.get(pod).copied().unwrap_or(0);
+            prop_assert_eq!(bin.blocks_for(*pod), expected);
+            prop_assert_eq!(indexed.blocks_for(*pod), expected);
         }
     }
 
