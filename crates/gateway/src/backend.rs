@@ -64,8 +64,9 @@ impl HttpBackend {
         Self::with_tls(connect_timeout, None)
     }
 
-    /// A backend that also trusts the authorities in the PEM bytes
-    /// `extra_ca` (see [`engine_client`]).
+    /// A backend that trusts, for `https://` engines in a build with the
+    /// `rustls` feature, the system's authorities and those in the PEM
+    /// bytes `extra_ca`.
     pub fn with_tls(
         connect_timeout: Duration,
         extra_ca: Option<&[u8]>,
