@@ -21,7 +21,7 @@
 //!   of the chain, the binary match equals the linear oracle
 //!   ([`Index::match_prefix_linear`]). Otherwise every reported depth `d` is
 //!   still a real boundary: block `d-1` held, block `d` not.
-//! - **Shutdown is immediate**: [`PodDirectory::shutdown`](router_core::PodDirectory::shutdown) clears the pod's
+//! - **Shutdown is immediate**: [`Index::shutdown`] clears the pod's
 //!   bit in the alive bitmap with one atomic operation; every query started
 //!   after it returns ANDs with that bitmap and cannot report the pod.
 //! - **No inherited bits**: a write checks its slot's liveness and epoch
