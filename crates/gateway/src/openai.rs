@@ -297,7 +297,8 @@ fn tool_call_arguments(messages: &[Value]) -> Result<Vec<Value>, ApiError> {
             continue;
         };
         if calls.is_empty() {
-            m.remove("tool_calls");
+            // Keeps the other keys in order, as Python's `dict.pop` does.
+            m.shift_remove("tool_calls");
             continue;
         }
         for (j, call) in calls.iter_mut().enumerate() {
