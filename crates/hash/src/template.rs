@@ -197,9 +197,17 @@ impl ChatTemplate {
             "add_generation_prompt".into(),
             Json::Bool(input.add_generation_prompt),
         );
-        let rendered = match self.render_messages(&mut ctx, &messages) {
+        // The messages move into the context: a request's render copies
+        // them no further. Only a failed render takes them back out.
+        ctx.insert("messages".into(), Json::Array(messages));
+        let rendered = match self.render_context(&ctx) {
             Ok(r) => r,
-            Err(e) => return Err(self.locate_failure(&mut ctx, &messages, &e)),
+            Err(e) => {
+                let Some(Json::Array(messages)) = ctx.shift_remove("messages") else {
+                    unreachable!("inserted above")
+                };
+                return Err(self.locate_failure(&mut ctx, &messages, &e));
+            }
         };
         let Some(final_text) = continued else {
             return Ok(rendered);
@@ -273,14 +281,9 @@ impl ChatTemplate {
         Ok(final_text)
     }
 
-    fn render_messages(
-        &self,
-        ctx: &mut Map<String, Json>,
-        messages: &[Json],
-    ) -> Result<String, minijinja::Error> {
-        ctx.insert("messages".into(), Json::Array(messages.to_vec()));
+    fn render_context(&self, ctx: &Map<String, Json>) -> Result<String, minijinja::Error> {
         let tmpl = self.env.get_template(TEMPLATE_NAME)?;
-        tmpl.render(Value::from(Serde(&*ctx)))
+        tmpl.render(Value::from(Serde(ctx)))
     }
 
     /// The error for a failed render, naming the template line and the
@@ -307,7 +310,8 @@ impl ChatTemplate {
         let (mut lo, mut hi) = (0, messages.len());
         while hi - lo > 1 {
             let mid = lo + (hi - lo) / 2;
-            if self.render_messages(ctx, &messages[..mid]).is_err() {
+            ctx.insert("messages".into(), Json::Array(messages[..mid].to_vec()));
+            if self.render_context(ctx).is_err() {
                 hi = mid;
             } else {
                 lo = mid;
