@@ -22,30 +22,8 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 "$venv/bin/pip" install --quiet --disable-pip-version-check smg sglang-router vllm-router
 cargo build --release --locked --example gateway --example loadgen
-free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-wait_http() {
-    python3 - "$1" <<'PY'
-import sys, time, urllib.request
-direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-for _ in range(300):
-    try:
-        direct.open(sys.argv[1] + "/health", timeout=1); sys.exit(0)
-    except Exception:
-        time.sleep(0.1)
-sys.exit(1)
-PY
-}
-# Every server runs in its own process group (setsid): the peers' Python
-# launchers spawn router processes that outlive them and ignore SIGTERM, so
-# the whole group is stopped, then killed.
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill -TERM -- "-$p" 2>/dev/null || true; done
-    sleep 0.5
-    for p in "${pids[@]}"; do kill -KILL -- "-$p" 2>/dev/null || true; done
-    pids=()
-}
-trap cleanup EXIT
+# free_port, wait_http, pids and cleanup (an EXIT trap).
+. scripts/servers.sh
 
 # A config of the bundled gateway with `gpu_blocks` set.
 config_for() {

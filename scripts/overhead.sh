@@ -25,15 +25,8 @@ if [ $# -eq 0 ]; then
     cargo build --release --locked --example gateway
     set -- target/release/examples/gateway
 fi
-free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill -TERM -- "-$p" 2>/dev/null || true; done
-    sleep 0.5
-    for p in "${pids[@]}"; do kill -KILL -- "-$p" 2>/dev/null || true; done
-    pids=()
-}
-trap cleanup EXIT
+# free_port, wait_http, stop_groups, pids and cleanup (an EXIT trap).
+. scripts/servers.sh
 wait_log() { for _ in $(seq 300); do grep -q "$2" "$1" && return 0; sleep 0.1; done; echo "timeout: $1"; exit 1; }
 
 # The engine host (the last binary given: the bundled config is its own):
@@ -82,10 +75,7 @@ start_front() {
             --host 127.0.0.1 --port "$p" --prometheus-host 127.0.0.1 --prometheus-port "$(free_port)" \
             > "$out/smg.log" 2>&1 &
         pids+=($!)
-        for _ in $(seq 300); do
-            python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$p/health', timeout=1)" 2> /dev/null && break
-            sleep 0.2
-        done
+        wait_http "http://127.0.0.1:$p"
     else
         cat > "$out/front-$p.toml" <<TOML
 [gateway]
@@ -116,9 +106,7 @@ for mode in ${MODES:-plain stream}; do
         read -r d_rps _ _ <<< "$(measure "$engine_url" "$mode")"
         start_front "$f"
         read -r rps p50 p99 <<< "$(measure "$FRONT_URL" "$mode")"
-        kill -TERM -- "-$front_pid" 2> /dev/null || true
-        sleep 0.5
-        kill -KILL -- "-$front_pid" 2> /dev/null || true
+        stop_groups "$front_pid"
         echo "| $mode | $f | $rps | $p50 | $p99 | $d_rps | $(python3 -c "print(f'{$rps / $d_rps:.2f}')") |"
     done
 done
