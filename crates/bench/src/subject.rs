@@ -21,6 +21,11 @@ pub trait Subject: Send + Sync {
     fn flush(&self) {}
     /// Appends `(pod, matched blocks)` for every pod holding a prefix.
     fn query(&self, chain: &Chain, out: &mut Vec<(u32, u32)>);
+    /// Index probes spent by this thread's queries so far, for subjects
+    /// that count them.
+    fn probes(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// `router-index` with its default configuration (256 shards, 256 pods).
@@ -66,6 +71,7 @@ impl Ours {
 
 thread_local! {
     static MATCH: RefCell<PrefixMatch> = RefCell::new(PrefixMatch::new(0));
+    static PROBES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 impl Subject for Ours {
@@ -75,9 +81,13 @@ impl Subject for Ours {
 
     fn store(&self, pod: u32, chain: &Chain, from: usize, to: usize) {
         // Every pod of a workload is live: an error would be a harness bug.
-        let _ = self
-            .index
-            .store(self.pods[pod as usize], Tier::Gpu, &chain.seq[from..to]);
+        let parent = from.checked_sub(1).map(|p| chain.seq[p]);
+        let _ = self.index.store_after(
+            self.pods[pod as usize],
+            Tier::Gpu,
+            parent,
+            &chain.seq[from..to],
+        );
     }
 
     fn remove(&self, pod: u32, chain: &Chain, positions: &[u32]) {
@@ -91,12 +101,17 @@ impl Subject for Ours {
         MATCH.with(|m| {
             let mut m = m.borrow_mut();
             self.index.match_prefix_into(&chain.seq, &mut m);
+            PROBES.with(|p| p.set(p.get() + m.probes() as u64));
             out.extend(
                 m.pods()
                     .iter()
                     .map(|p| (self.slot_to_pod[p.pod.slot() as usize], p.blocks)),
             );
         });
+    }
+
+    fn probes(&self) -> Option<u64> {
+        Some(PROBES.with(|p| p.get()))
     }
 }
 

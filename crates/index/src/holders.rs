@@ -2,26 +2,32 @@
 //!
 //! Most blocks live on one or two pods (a prompt's blocks land where the
 //! request was routed), so a full 256-bit bitmap per block would spend 32
-//! bytes to say "pod 7". A [`Holders`] is one `u64`: up to four 16-bit slot
+//! bytes to say "pod 7". A [`Holders`] is one `u64`: up to four slot
 //! numbers inline, or, for blocks held more widely, the index of a full
-//! bitmap in the shard's slab. A map entry is then 16 bytes (key + value)
-//! whatever the width, and a block on many pods pays one bitmap, shared by
-//! all its pods.
+//! bitmap in the shard's slab, plus a 16-bit **run hint**. A map entry is
+//! then 16 bytes (key + value) whatever the width, and a block on many pods
+//! pays one bitmap, shared by all its pods.
 //!
-//! Encoding: four 16-bit lanes; `0xFFFF` marks an empty lane. When the top
-//! lane is `0xFFFE` the low 32 bits index the slab. Slot numbers are below
-//! 1024, so neither marker can be a slot.
+//! Encoding: the low 48 bits are four 12-bit lanes; `0xFFF` marks an empty
+//! lane. When the top lane is `0xFFE` the low 32 bits index the slab. Slot
+//! numbers are below 1024, so neither marker can be a slot. The high 16
+//! bits are the run hint (see [`Holders::hint`]); changing the holders
+//! keeps it.
 
 use crate::bitmap::HostBitmap;
 
-const EMPTY_LANE: u16 = 0xFFFF;
-const SLAB_TAG: u16 = 0xFFFE;
+const EMPTY_LANE: u16 = 0xFFF;
+const SLAB_TAG: u16 = 0xFFE;
+const LANE_BITS: u32 = 12;
+const LANES_MASK: u64 = (1 << 48) - 1;
+/// Four empty lanes.
+const NO_LANES: u64 = LANES_MASK;
 /// A slab bitmap shrinking to this many pods goes back inline. Lower than
 /// the inline capacity, so a block hovering at the boundary does not flip
 /// between forms on every event.
 const DEMOTE_AT: u32 = 2;
 
-/// Up to four slots inline, or a slab index.
+/// Up to four slots inline, or a slab index; and a run hint.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) struct Holders(u64);
 
@@ -66,36 +72,59 @@ impl<const W: usize> Slab<W> {
 }
 
 impl Holders {
-    /// No pod.
-    pub(crate) const EMPTY: Holders = Holders(u64::MAX);
+    /// No pod, no hint.
+    pub(crate) const EMPTY: Holders = Holders(NO_LANES);
 
     #[inline]
     fn lanes(self) -> [u16; 4] {
+        let m = (1u64 << LANE_BITS) - 1;
         [
-            self.0 as u16,
-            (self.0 >> 16) as u16,
-            (self.0 >> 32) as u16,
-            (self.0 >> 48) as u16,
+            (self.0 & m) as u16,
+            (self.0 >> LANE_BITS & m) as u16,
+            (self.0 >> (2 * LANE_BITS) & m) as u16,
+            (self.0 >> (3 * LANE_BITS) & m) as u16,
         ]
     }
 
+    /// These lanes, keeping `self`'s hint.
     #[inline]
-    fn from_lanes(l: [u16; 4]) -> Self {
-        Holders(l[0] as u64 | (l[1] as u64) << 16 | (l[2] as u64) << 32 | (l[3] as u64) << 48)
+    fn with_lanes(self, l: [u16; 4]) -> Self {
+        let lanes = l[0] as u64
+            | (l[1] as u64) << LANE_BITS
+            | (l[2] as u64) << (2 * LANE_BITS)
+            | (l[3] as u64) << (3 * LANE_BITS);
+        Holders(self.0 & !LANES_MASK | lanes)
     }
 
     #[inline]
     fn slab_index(self) -> Option<u32> {
-        ((self.0 >> 48) as u16 == SLAB_TAG).then_some(self.0 as u32)
+        ((self.0 >> (3 * LANE_BITS) & 0xFFF) as u16 == SLAB_TAG).then_some(self.0 as u32)
     }
 
-    fn slab(i: u32) -> Self {
-        Holders((SLAB_TAG as u64) << 48 | i as u64)
+    /// Slab record `i`, keeping `self`'s hint.
+    fn with_slab(self, i: u32) -> Self {
+        Holders(self.0 & !LANES_MASK | (SLAB_TAG as u64) << (3 * LANE_BITS) | i as u64)
     }
 
     /// Whether no pod holds the block.
+    #[inline]
     pub(crate) fn is_empty(self) -> bool {
-        self == Self::EMPTY
+        self.0 & LANES_MASK == NO_LANES
+    }
+
+    /// The run hint: `r > 0` says that, when the block was last written,
+    /// the next `r - 1` blocks of the writing event's chain had the same
+    /// holders and the `r`-th did not (or the event ended there). 0: none.
+    /// Only a guess for the search's next split: any value is safe.
+    #[inline]
+    pub(crate) fn hint(self) -> u16 {
+        (self.0 >> 48) as u16
+    }
+
+    /// Sets the run hint.
+    #[inline]
+    pub(crate) fn set_hint(&mut self, r: u16) {
+        self.0 = self.0 & LANES_MASK | (r as u64) << 48;
     }
 
     /// Whether the record uses a slab bitmap.
@@ -170,12 +199,12 @@ impl Holders {
         }
         if let Some(free) = lanes.iter_mut().find(|l| **l == EMPTY_LANE) {
             *free = slot;
-            *self = Self::from_lanes(lanes);
+            *self = self.with_lanes(lanes);
             return true;
         }
         let mut b = self.to_bitmap(slab);
         b.insert(slot as usize);
-        *self = Self::slab(slab.alloc(b));
+        *self = self.with_slab(slab.alloc(b));
         true
     }
 
@@ -204,7 +233,7 @@ impl Holders {
                     for (lane, s) in lanes.iter_mut().zip(after.iter()) {
                         *lane = s as u16;
                     }
-                    *self = Self::from_lanes(lanes);
+                    *self = self.with_lanes(lanes);
                 } else {
                     slab.bitmaps[i as usize] = after;
                 }
@@ -219,7 +248,7 @@ impl Holders {
                         removed += 1;
                     }
                 }
-                *self = Self::from_lanes(lanes);
+                *self = self.with_lanes(lanes);
                 removed
             }
         }
@@ -258,6 +287,32 @@ mod tests {
         assert!(h.contains(&slab, 64) && h.contains(&slab, 255) && !h.contains(&slab, 7));
         assert!(h.remove(&mut slab, 64) && h.remove(&mut slab, 255));
         assert!(h.is_empty());
+    }
+
+    #[test]
+    fn the_hint_survives_every_change_of_holders() {
+        let mut slab = Slab::<16>::default();
+        let mut h = Holders::EMPTY;
+        assert_eq!(h.hint(), 0);
+        h.set_hint(0xBEEF);
+        assert!(h.is_empty(), "a hint alone holds no pod");
+        for s in [1023u16, 0, 512, 7, 9, 300] {
+            assert!(h.insert(&mut slab, s));
+            assert_eq!(h.hint(), 0xBEEF);
+        }
+        assert!(h.is_slab());
+        let want: HostBitmap<16> = [0, 7, 9, 300, 512, 1023].into_iter().collect();
+        assert_eq!(h.to_bitmap(&slab), want);
+        h.set_hint(3);
+        assert_eq!(h.to_bitmap(&slab), want, "setting the hint keeps the holders");
+        let mask: HostBitmap<16> = [0, 9, 300, 512].into_iter().collect();
+        assert_eq!(h.remove_mask(&mut slab, &mask), 4);
+        assert!(!h.is_slab());
+        assert_eq!(h.hint(), 3);
+        assert_eq!(h.to_bitmap(&slab), [7, 1023].into_iter().collect());
+        assert!(h.remove(&mut slab, 7) && h.remove(&mut slab, 1023));
+        assert!(h.is_empty());
+        assert_eq!(h.hint(), 3);
     }
 
     #[test]

@@ -151,6 +151,104 @@ struct Counters {
 /// Candidate pods of one search interval: blocks `lo..hi` still undecided.
 type Interval<const W: usize> = (u32, u32, HostBitmap<W>);
 
+/// A block's run hint, as the write path leaves it in the block's entry:
+/// `run` in the low 15 bits, `OPEN` in the top one, 0 for none.
+///
+/// `run = r` says that when the block was last written, the `r - 1` blocks
+/// after it in the writing event had the same holders. Without `OPEN`, the
+/// `r`-th had other holders: a change seen, predicting that some pods stop
+/// at exactly that depth. With `OPEN`, the run reached the event's end and
+/// what follows is unknown. Hints are guesses for the search's next split,
+/// never trusted: any hint, stale or wrong, still gives the exact answer,
+/// and a wrong one costs probes only.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct Hint(u16);
+
+impl Hint {
+    const OPEN: u16 = 1 << 15;
+    const RUN_MAX: u16 = Self::OPEN - 1;
+
+    fn run(self) -> u32 {
+        (self.0 & Self::RUN_MAX) as u32
+    }
+
+    fn is_open(self) -> bool {
+        self.0 & Self::OPEN != 0
+    }
+
+    /// The hint of a block whose holders are `set`, followed by `next`
+    /// (its successor's holders and hint; `None` when the successor has no
+    /// holder left), or by the end of the event.
+    fn before<const W: usize>(
+        next: Option<&(HostBitmap<W>, Hint)>,
+        set: &HostBitmap<W>,
+        event_end: bool,
+    ) -> Hint {
+        if event_end {
+            return Hint(Self::OPEN | 1);
+        }
+        match next {
+            Some((after, h)) if after == set => {
+                let run = h.0 & Self::RUN_MAX;
+                if run >= Self::RUN_MAX {
+                    Hint(Self::OPEN | Self::RUN_MAX)
+                } else {
+                    Hint(h.0 & Self::OPEN | (run + 1))
+                }
+            }
+            _ => Hint(1),
+        }
+    }
+}
+
+/// How a search interval picks its next probe.
+#[derive(Clone, Copy, Debug)]
+enum Plan {
+    /// The middle block.
+    Halve,
+    /// A hint saw a change at depth `g`: probe block `g` (or block `g - 1`
+    /// when `g` is the interval's end), expecting some pods to stop there.
+    At(u32),
+    /// A hint says the run goes on through block `e - 1` and then it does
+    /// not know: probe block `e - 1`, whose hint may know more.
+    Through(u32),
+}
+
+/// A search interval: its pods hold block `lo - 1` and not block `hi`, so
+/// their depths lie in `lo..=hi`; `idle` counts the probes in a row that
+/// split nothing (a wrong guess), which bounds what bad hints can cost.
+#[derive(Clone, Copy, Debug)]
+struct Span<const W: usize> {
+    lo: u32,
+    hi: u32,
+    cand: HostBitmap<W>,
+    plan: Plan,
+    idle: u8,
+}
+
+/// Probes in a row that split nothing, after which a span stops following
+/// hints and halves.
+const MAX_IDLE: u8 = 4;
+
+/// The plan for pods known to hold block `at` (probed, with hint `h`), in
+/// a span ending at `hi`.
+fn plan_after(at: u32, h: Hint, hi: u32) -> Plan {
+    let run = h.run();
+    if run == 0 {
+        return Plan::Halve;
+    }
+    let end = at + run;
+    if !h.is_open() || end == at + 1 {
+        // A change seen, or an event that ended here with nothing stored
+        // after it: most likely pods stop right there.
+        Plan::At(end.min(hi))
+    } else if end < hi {
+        Plan::Through(end)
+    } else {
+        Plan::Halve
+    }
+}
+
 /// The sharded bitmap index: which live pods hold the longest prefix of a
 /// block-hash chain.
 ///
@@ -255,31 +353,33 @@ impl<const W: usize> Index<W> {
         }
     }
 
-    /// Sorts a batch of blocks by shard so each shard is locked once.
-    fn by_shard(&self, blocks: &[BlockHash]) -> SmallVec<[(u32, u64); 32]> {
-        let mut v: SmallVec<[(u32, u64); 32]> = blocks
-            .iter()
-            .map(|h| (shard_of(h.0, self.shard_bits) as u32, h.0))
-            .collect();
-        v.sort_unstable();
-        v
-    }
-
     /// The write path shared by stores and removes: checks the pod, takes
-    /// its event lock, then for each shard the blocks fall in, locks the
-    /// shard once, re-checks liveness and calls `f` on each block there.
+    /// its event lock, then walks the blocks **last to first**, locking each
+    /// block's shard, re-checking liveness and calling `f` on the block.
+    ///
+    /// The same pass sets each remaining block's run hint ([`Hint`]):
+    /// blocks are in chain order, so walking backwards a block's holders
+    /// can be compared with its successor's, which were just written. Then
+    /// `parent` (the block before the first, when the caller knows it) gets
+    /// its hint extended over this event. Backwards also means a concurrent
+    /// query, which starts from block 0, sees a stored run only once it is
+    /// whole.
     fn write_blocks(
         &self,
         pod: PodId,
+        parent: Option<BlockHash>,
         blocks: &[BlockHash],
         mut f: impl FnMut(&mut ShardInner<W>, &Slot, &mut PodState, u64),
     ) -> Result<(), Error> {
         let (slot, st) = self.live_slot(pod)?;
         let live = state(pod.epoch(), LIVE);
         let mut ps = slot.pod.lock();
-        let batch = self.by_shard(blocks);
-        for group in batch.chunk_by(|a, b| a.0 == b.0) {
-            let mut sh = self.shards[group[0].0 as usize].write();
+        // The holders of the block after the current one, and its hint;
+        // `None` past the event's end or after a block left with no pod.
+        let mut next: Option<(HostBitmap<W>, Hint)> = None;
+        let mut after_end = true;
+        for &BlockHash(h) in blocks.iter().rev() {
+            let mut guard = self.shard(h).write();
             // Invariant: a write checks liveness under the shard lock. A
             // sweep locks every shard after the pod left, so either it sees
             // this write's bits, or this write sees the pod gone.
@@ -287,8 +387,22 @@ impl<const W: usize> Index<W> {
                 self.counters.skipped_dead.fetch_add(1, Ordering::Relaxed);
                 return Err(Error::PodShutDown(pod));
             }
-            for &(_, h) in group {
-                f(&mut sh, slot, &mut ps, h);
+            let sh = &mut *guard;
+            f(sh, slot, &mut ps, h);
+            next = sh.map.get_mut(&h).map(|e| {
+                let set = e.to_bitmap(&sh.slab);
+                let hint = Hint::before(next.as_ref(), &set, after_end);
+                e.set_hint(hint.0);
+                (set, hint)
+            });
+            after_end = false;
+        }
+        if let (Some(BlockHash(p)), Some((set, hint))) = (parent, next) {
+            let mut guard = self.shard(p).write();
+            let sh = &mut *guard;
+            if let Some(e) = sh.map.get_mut(&p) {
+                let mine = e.to_bitmap(&sh.slab);
+                e.set_hint(Hint::before(Some(&(set, hint)), &mine, false).0);
             }
         }
         self.counters.events_applied.fetch_add(1, Ordering::Relaxed);
@@ -296,11 +410,26 @@ impl<const W: usize> Index<W> {
     }
 
     /// Records that `pod` holds `blocks` in `tier` (a `CacheEvent::Stored`
-    /// without building the event). Idempotent; one lock per shard touched.
+    /// without building the event). Idempotent; one shard lock per block.
     pub fn store(&self, pod: PodId, tier: Tier, blocks: &[BlockHash]) -> Result<(), Error> {
+        self.store_after(pod, tier, None, blocks)
+    }
+
+    /// [`Index::store`] of blocks that extend `parent` (the chain's block
+    /// before `blocks[0]`, as engines' events name it). The answer is the
+    /// same; naming the parent lets the index carry its run hint across
+    /// events, so later searches of a long run stored in many events take
+    /// fewer probes.
+    pub fn store_after(
+        &self,
+        pod: PodId,
+        tier: Tier,
+        parent: Option<BlockHash>,
+        blocks: &[BlockHash],
+    ) -> Result<(), Error> {
         let s = pod.slot();
         let tier_bit = 1u8 << tier as u8;
-        self.write_blocks(pod, blocks, |sh, slot, ps, h| {
+        self.write_blocks(pod, parent, blocks, |sh, slot, ps, h| {
             let ShardInner {
                 map,
                 slab,
@@ -333,7 +462,7 @@ impl<const W: usize> Index<W> {
     pub fn remove(&self, pod: PodId, tier: Tier, blocks: &[BlockHash]) -> Result<(), Error> {
         let s = pod.slot();
         let tier_bit = 1u8 << tier as u8;
-        self.write_blocks(pod, blocks, |sh, slot, ps, h| {
+        self.write_blocks(pod, None, blocks, |sh, slot, ps, h| {
             let ShardInner {
                 map,
                 slab,
@@ -488,10 +617,16 @@ impl<const W: usize> Index<W> {
     /// The pods among `candidates` holding `hash`.
     #[inline]
     fn probe(&self, hash: u64, candidates: &HostBitmap<W>) -> HostBitmap<W> {
+        self.probe_hint(hash, candidates).0
+    }
+
+    /// [`Index::probe`], with the block's run hint.
+    #[inline]
+    fn probe_hint(&self, hash: u64, candidates: &HostBitmap<W>) -> (HostBitmap<W>, Hint) {
         let sh = self.shard(hash).read();
         match sh.map.get(&hash) {
-            Some(h) => h.and(&sh.slab, candidates),
-            None => HostBitmap::EMPTY,
+            Some(h) => (h.and(&sh.slab, candidates), Hint(h.hint())),
+            None => (HostBitmap::EMPTY, Hint(0)),
         }
     }
 
@@ -574,7 +709,7 @@ impl<const W: usize> Index<W> {
             out.add_probes(1);
             return;
         }
-        let first = self.probe(chain.hash_at(0), &alive);
+        let (first, hint0) = self.probe_hint(chain.hash_at(0), &alive);
         let mut probes = 1;
         if first.is_empty() {
             out.add_probes(probes);
@@ -588,29 +723,117 @@ impl<const W: usize> Index<W> {
         probes += 1;
         self.emit(&full, n, out);
         let rest = first.and_not(&full);
-        let mut stack: SmallVec<[Interval<W>; 24]> = SmallVec::new();
+        let mut stack: SmallVec<[Span<W>; 24]> = SmallVec::new();
         if !rest.is_empty() {
-            // Each interval (lo, hi, pods): the pods hold block lo-1 and not
-            // block hi; their depth lies in lo..=hi.
-            stack.push((1, (n - 1) as u32, rest));
+            let hi = (n - 1) as u32;
+            stack.push(Span {
+                lo: 1,
+                hi,
+                cand: rest,
+                plan: plan_after(0, hint0, hi),
+                idle: 0,
+            });
         }
         let span = self.config.linear_span as u32;
-        while let Some((lo, hi, cand)) = stack.pop() {
-            if hi - lo <= span {
-                probes += self.scan(chain, (lo, hi, cand), out);
+        // Spans come off the stack deepest first, and each pushes its
+        // shallower part first: groups come out deepest first and the
+        // result needs no sort.
+        while let Some(Span {
+            lo,
+            hi,
+            cand,
+            plan,
+            idle,
+        }) = stack.pop()
+        {
+            if lo == hi {
+                self.emit(&cand, lo as usize, out);
                 continue;
             }
-            let mid = lo + (hi - lo) / 2;
-            let held = self.probe(chain.hash_at(mid as usize), &cand);
-            probes += 1;
-            let missing = cand.and_not(&held);
-            // Shallower half pushed first, so the deeper half pops first:
-            // groups come out deepest first and the result needs no sort.
-            if !missing.is_empty() {
-                stack.push((lo, mid, missing));
-            }
-            if !held.is_empty() {
-                stack.push((mid + 1, hi, held));
+            let plan = if idle >= MAX_IDLE { Plan::Halve } else { plan };
+            match plan {
+                Plan::At(g) if g == hi => {
+                    // Expect the pods to hold block hi - 1: depth hi.
+                    let held = self.probe(chain.hash_at((hi - 1) as usize), &cand);
+                    probes += 1;
+                    let missing = cand.and_not(&held);
+                    self.emit(&held, hi as usize, out);
+                    if !missing.is_empty() {
+                        stack.push(Span {
+                            lo,
+                            hi: hi - 1,
+                            cand: missing,
+                            plan: Plan::Halve,
+                            idle: if held.is_empty() { idle + 1 } else { 0 },
+                        });
+                    }
+                }
+                Plan::At(at) | Plan::Through(at) => {
+                    // At: probe block `at`, expecting some pods to stop
+                    // there (the missing ones, then predicted at depth
+                    // `at`). Through: probe block `at - 1`, expecting all
+                    // to hold it.
+                    let p = match plan {
+                        Plan::At(_) => at,
+                        _ => at - 1,
+                    };
+                    let (found, h) = self.probe_hint(chain.hash_at(p as usize), &cand);
+                    probes += 1;
+                    let held = found;
+                    let missing = cand.and_not(&held);
+                    let split = !held.is_empty() && !missing.is_empty();
+                    let idle = if split { 0 } else { idle + 1 };
+                    if !missing.is_empty() {
+                        let plan = match plan {
+                            Plan::At(_) => Plan::At(p),
+                            _ => Plan::Halve,
+                        };
+                        stack.push(Span {
+                            lo,
+                            hi: p,
+                            cand: missing,
+                            plan,
+                            idle,
+                        });
+                    }
+                    if !held.is_empty() {
+                        stack.push(Span {
+                            lo: p + 1,
+                            hi,
+                            cand: held,
+                            plan: plan_after(p, h, hi),
+                            idle,
+                        });
+                    }
+                }
+                Plan::Halve => {
+                    if hi - lo <= span {
+                        probes += self.scan(chain, (lo, hi, cand), out);
+                        continue;
+                    }
+                    let mid = lo + (hi - lo) / 2;
+                    let (held, h) = self.probe_hint(chain.hash_at(mid as usize), &cand);
+                    probes += 1;
+                    let missing = cand.and_not(&held);
+                    if !missing.is_empty() {
+                        stack.push(Span {
+                            lo,
+                            hi: mid,
+                            cand: missing,
+                            plan: Plan::Halve,
+                            idle: 0,
+                        });
+                    }
+                    if !held.is_empty() {
+                        stack.push(Span {
+                            lo: mid + 1,
+                            hi,
+                            cand: held,
+                            plan: plan_after(mid, h, hi),
+                            idle: 0,
+                        });
+                    }
+                }
             }
         }
         out.add_probes(probes);

@@ -83,6 +83,8 @@ struct Outcome {
     bytes: i64,
     residencies: u64,
     answers: Vec<Vec<(u32, u32)>>,
+    /// Probes per query, for subjects that count them.
+    probes: Option<f64>,
 }
 
 /// Runs a workload: setup (timed as a whole), then the run phase with every
@@ -107,6 +109,7 @@ fn run(w: &Workload, make: Factory, sample: usize) -> Outcome {
     let t = Instant::now();
     let mut queries = 0usize;
     let mut pending = false;
+    let probes_before = s.probes();
     for op in &w.run {
         match op {
             Op::Query { chain } => {
@@ -135,6 +138,9 @@ fn run(w: &Workload, make: Factory, sample: usize) -> Outcome {
     }
     s.flush();
     o.run_secs = t.elapsed().as_secs_f64();
+    if let (Some(a), Some(b)) = (probes_before, s.probes()) {
+        o.probes = Some((b - a) as f64 / queries.max(1) as f64);
+    }
     o.query_ns.sort_unstable();
     drop(s);
     o
@@ -211,6 +217,11 @@ fn query_table(title: &str, outcomes: &[Outcome], extra: &[(&str, Vec<String>)])
         }
         row.push_str(&format!(" {} of {} |", agree[i], o.answers.len()));
         println!("{row}");
+    }
+    for o in outcomes {
+        if let Some(p) = o.probes {
+            println!("\n{}: {p:.1} probes per query", o.name);
+        }
     }
 }
 

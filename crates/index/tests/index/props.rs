@@ -141,6 +141,144 @@ proptest! {
     }
 }
 
+/// How a history's store names its parent block.
+#[derive(Clone, Copy, Debug)]
+enum Parent {
+    /// The chain's block before the event, as engines send it.
+    True,
+    /// None given.
+    Unknown,
+    /// Some other block of the chain: the hints it leaves are wrong.
+    Wrong(usize),
+}
+
+fn parent_mode() -> impl Strategy<Value = Parent> {
+    prop_oneof![
+        3 => Just(Parent::True),
+        1 => Just(Parent::Unknown),
+        1 => (0usize..1000).prop_map(Parent::Wrong),
+    ]
+}
+
+/// One step of a history on one pod: store up to a depth in events of
+/// `chunk` blocks from where the pod already is (or from block 0), or drop
+/// the chain's tail from a depth, as an engine evicting leaves does.
+#[derive(Clone, Copy, Debug)]
+enum Step {
+    Store { pod: usize, depth: usize, chunk: usize, from_zero: bool, parent: Parent },
+    Evict { pod: usize, from: usize },
+    Noise { pod: usize, len: usize },
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        4 => (0usize..12, 0usize..=600, 1usize..80, any::<bool>(), parent_mode()).prop_map(
+            |(pod, depth, chunk, from_zero, parent)| Step::Store { pod, depth, chunk, from_zero, parent }
+        ),
+        2 => (0usize..12, 0usize..=600).prop_map(|(pod, from)| Step::Evict { pod, from }),
+        1 => (0usize..12, 1usize..40).prop_map(|(pod, len)| Step::Noise { pod, len }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// Run hints are left by a history of stores in many events (with true,
+    /// missing and wrong parents), tail evictions and unrelated chains, so
+    /// they are partly stale and partly wrong when the query comes: the
+    /// answer is still the oracle's, and bad hints cost probes only within
+    /// a bound.
+    #[test]
+    fn hints_from_any_history_never_change_the_answer(
+        n in 1usize..600,
+        steps in prop::collection::vec(step(), 1..40),
+        span in 0usize..6,
+    ) {
+        let index = Index::<4>::new(config(span, 8));
+        let pods = join_n(&index, 12);
+        let c = chain(1, n);
+        let mut depth = [0usize; 12];
+        for st in steps {
+            match st {
+                Step::Store { pod, depth: d, chunk, from_zero, parent } => {
+                    let d = d.min(n);
+                    let mut at = if from_zero { 0 } else { depth[pod].min(d) };
+                    while at < d {
+                        let to = (at + chunk).min(d);
+                        let parent = match parent {
+                            Parent::True => at.checked_sub(1).map(|i| c[i]),
+                            Parent::Unknown => None,
+                            Parent::Wrong(i) => Some(c[i % n]),
+                        };
+                        index.store_after(pods[pod], Tier::Gpu, parent, &c[at..to]).unwrap();
+                        at = to;
+                    }
+                    depth[pod] = depth[pod].max(d);
+                }
+                Step::Evict { pod, from } => {
+                    let from = from.min(n);
+                    index.remove(pods[pod], Tier::Gpu, &c[from..]).unwrap();
+                    depth[pod] = depth[pod].min(from);
+                }
+                Step::Noise { pod, len } => {
+                    store(&index, pods[pod], &chain(2 + pod as u64, len));
+                }
+            }
+        }
+        let bin = index.match_prefix(&c);
+        let lin = index.match_prefix_linear(&c);
+        prop_assert_eq!(bin.pods(), lin.pods());
+        let want: HashMap<_, _> = pods
+            .iter()
+            .zip(depth)
+            .filter(|(_, d)| *d > 0)
+            .map(|(p, d)| (*p, d as u32))
+            .collect();
+        let got: HashMap<_, _> = bin.pods().iter().map(|m| (m.pod, m.blocks)).collect();
+        prop_assert_eq!(&got, &want);
+        // Bad hints are bounded: a few wasted probes per halving step of
+        // each group, never a walk over the chain.
+        let mut groups: Vec<u32> = want.values().copied().collect();
+        groups.sort_unstable();
+        groups.dedup();
+        let log = usize::BITS - n.leading_zeros();
+        let bound = 2 + groups.len() as u32 * 6 * (log + 1);
+        prop_assert!(bin.probes() <= bound, "{} probes for {} groups over {} blocks", bin.probes(), groups.len(), n);
+    }
+}
+
+#[test]
+fn hints_settle_a_run_per_group_in_about_two_probes() {
+    // 64 pods, drop-offs every 16 blocks of a 1024-block chain, each pod's
+    // blocks stored in events of 64 with their parents named, as engines
+    // report a long prefill: the hints see each change, and the search
+    // spends about two probes per group instead of a halving each.
+    let index = Index::<4>::new(config(4, 8));
+    let pods = join_n(&index, 64);
+    let c = chain(5, 1024);
+    for (i, pod) in pods.iter().enumerate() {
+        let d = 16 * (i + 1);
+        for at in (0..d).step_by(64) {
+            let to = (at + 64).min(d);
+            let parent = at.checked_sub(1).map(|p| c[p]);
+            index.store_after(*pod, Tier::Gpu, parent, &c[at..to]).unwrap();
+        }
+    }
+    let bin = index.match_prefix(&c);
+    assert_eq!(bin.pods(), index.match_prefix_linear(&c).pods());
+    assert_eq!(bin.pods().len(), 64);
+    assert!(bin.probes() <= 2 * 64 + 2, "{} probes", bin.probes());
+    // Without parents the runs stop at every event's end: still exact.
+    let plain = Index::<4>::new(config(4, 8));
+    let pods = join_n(&plain, 64);
+    for (i, pod) in pods.iter().enumerate() {
+        for ev in c[..16 * (i + 1)].chunks(64) {
+            store(&plain, *pod, ev);
+        }
+    }
+    assert_eq!(plain.match_prefix(&c).pods(), plain.match_prefix_linear(&c).pods());
+}
+
 #[test]
 fn probes_grow_with_distinct_depths_not_with_pods() {
     let index = Index::<4>::new(config(4, 8));
