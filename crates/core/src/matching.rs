@@ -80,6 +80,18 @@ impl PrefixMatch {
         }
     }
 
+    /// Adds `pods`, each holding `blocks` leading blocks, in the order
+    /// given (nothing for `blocks == 0`): the fast path for an index that
+    /// finds pods in groups of one depth.
+    #[inline]
+    pub fn push_group(&mut self, blocks: u32, pods: impl ExactSizeIterator<Item = PodId>) {
+        if blocks == 0 || pods.len() == 0 {
+            return;
+        }
+        self.pods.extend(pods.map(|pod| PodMatch { pod, blocks }));
+        self.indexed = false;
+    }
+
     /// Adds many pods' matches at once (zero-block matches are dropped).
     /// Indexes that produce pods already ranked append with this and skip
     /// [`PrefixMatch::rank`].

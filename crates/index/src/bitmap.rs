@@ -122,42 +122,54 @@ impl<const W: usize> HostBitmap<W> {
     }
 
     /// The set slots, ascending.
+    #[inline]
     pub fn iter(&self) -> Ones<W> {
         Ones {
             words: self.0,
             word: 0,
+            cur: self.0.first().copied().unwrap_or(0),
         }
     }
 }
 
 /// Iterator over the set slots of a [`HostBitmap`], ascending.
+///
+/// The word being drained is kept apart from the array, so the inner loop
+/// runs in registers.
 #[derive(Debug, Clone)]
 pub struct Ones<const W: usize> {
     words: [u64; W],
     word: usize,
+    cur: u64,
 }
 
 impl<const W: usize> Iterator for Ones<W> {
     type Item = usize;
 
+    #[inline]
     fn next(&mut self) -> Option<usize> {
-        while self.word < W {
-            let w = self.words[self.word];
-            if w != 0 {
-                let bit = w.trailing_zeros() as usize;
-                self.words[self.word] = w & (w - 1);
+        loop {
+            if self.cur != 0 {
+                let bit = self.cur.trailing_zeros() as usize;
+                self.cur &= self.cur - 1;
                 return Some(self.word * 64 + bit);
             }
+            if self.word + 1 >= W {
+                return None;
+            }
             self.word += 1;
+            self.cur = self.words[self.word];
         }
-        None
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
-        let n = self.words[self.word.min(W)..]
+        let later: usize = self
+            .words
             .iter()
+            .skip(self.word + 1)
             .map(|w| w.count_ones() as usize)
             .sum();
+        let n = later + self.cur.count_ones() as usize;
         (n, Some(n))
     }
 }

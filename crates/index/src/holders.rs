@@ -304,7 +304,11 @@ mod tests {
         let want: HostBitmap<16> = [0, 7, 9, 300, 512, 1023].into_iter().collect();
         assert_eq!(h.to_bitmap(&slab), want);
         h.set_hint(3);
-        assert_eq!(h.to_bitmap(&slab), want, "setting the hint keeps the holders");
+        assert_eq!(
+            h.to_bitmap(&slab),
+            want,
+            "setting the hint keeps the holders"
+        );
         let mask: HostBitmap<16> = [0, 9, 300, 512].into_iter().collect();
         assert_eq!(h.remove_mask(&mut slab, &mask), 4);
         assert!(!h.is_slab());

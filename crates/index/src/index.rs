@@ -4,8 +4,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 
 use router_core::{
-    BlockHash, CacheEvent, CacheEventSink, Error, PodDirectory, PodId, PodKey, PodMatch,
-    PrefixIndex, PrefixMatch, Tier, TierCounts,
+    BlockHash, CacheEvent, CacheEventSink, Error, PodDirectory, PodId, PodKey, PrefixIndex,
+    PrefixMatch, Tier, TierCounts,
 };
 use smallvec::SmallVec;
 
@@ -623,19 +623,44 @@ impl<const W: usize> Index<W> {
     /// [`Index::probe`], with the block's run hint.
     #[inline]
     fn probe_hint(&self, hash: u64, candidates: &HostBitmap<W>) -> (HostBitmap<W>, Hint) {
-        let sh = self.shard(hash).read();
-        match sh.map.get(&hash) {
-            Some(h) => (h.and(&sh.slab, candidates), Hint(h.hint())),
-            None => (HostBitmap::EMPTY, Hint(0)),
+        look(&self.shard(hash).read(), hash, candidates)
+    }
+
+    /// Two probes issued together: both shard locks are taken before either
+    /// lookup, so the two lookups' cache misses overlap instead of waiting
+    /// on each other (a lock is a locked instruction, which orders the
+    /// loads around it).
+    ///
+    /// Invariant: a reader holding two shard locks takes them in shard
+    /// order, and writers hold one shard lock at a time, so no cycle of
+    /// waiters can form (parking_lot's fair locks make a reader wait behind
+    /// a queued writer).
+    #[inline]
+    fn probe_pair(&self, a: u64, b: u64, cand: &HostBitmap<W>) -> [(HostBitmap<W>, Hint); 2] {
+        let (i, j) = (shard_of(a, self.shard_bits), shard_of(b, self.shard_bits));
+        if i == j {
+            let sh = self.shards[i].read();
+            return [look(&sh, a, cand), look(&sh, b, cand)];
         }
+        let (first, second) = (i.min(j), i.max(j));
+        let g1 = self.shards[first].read();
+        let g2 = self.shards[second].read();
+        let (sa, sb) = if i < j { (&g1, &g2) } else { (&g2, &g1) };
+        [look(sa, a, cand), look(sb, b, cand)]
     }
 
     #[inline]
     fn emit(&self, pods: &HostBitmap<W>, depth: usize, out: &mut impl MatchSink) {
-        let blocks = depth as u32;
-        for s in pods.iter() {
-            let epoch = epoch_of(self.states[s].load(Ordering::Acquire));
-            out.found(PodId::new(s as u16, epoch), blocks);
+        // Word by word, through a counted range: the sink's `extend` then
+        // writes the pods without a length update per pod.
+        for (i, &word) in pods.words().iter().enumerate() {
+            let mut w = word;
+            let ids = (0..word.count_ones()).map(|_| {
+                let s = i * 64 + w.trailing_zeros() as usize;
+                w &= w.wrapping_sub(1);
+                PodId::new(s as u16, epoch_of(self.states[s].load(Ordering::Acquire)))
+            });
+            out.found_group(depth as u32, ids);
         }
     }
 
@@ -709,18 +734,16 @@ impl<const W: usize> Index<W> {
             out.add_probes(1);
             return;
         }
-        let (first, hint0) = self.probe_hint(chain.hash_at(0), &alive);
-        let mut probes = 1;
+        // Block 0 and the deepest block together: full hits (the common
+        // case with shared prompts) are settled by this one pair.
+        let [(first, hint0), (last, _)] =
+            self.probe_pair(chain.hash_at(0), chain.hash_at(n - 1), &alive);
+        let mut probes = 2;
         if first.is_empty() {
             out.add_probes(probes);
             return;
         }
-        // Deepest block next: full hits (the common case with shared
-        // prompts) are settled in two probes. (Issuing both probes at once
-        // gains nothing here: each probe's lock is a locked instruction,
-        // which orders the loads around it, and a miss would pay for two.)
-        let full = self.probe(chain.hash_at(n - 1), &first);
-        probes += 1;
+        let full = last.and(&first);
         self.emit(&full, n, out);
         let rest = first.and_not(&full);
         let mut stack: SmallVec<[Span<W>; 24]> = SmallVec::new();
@@ -765,6 +788,46 @@ impl<const W: usize> Index<W> {
                             cand: missing,
                             plan: Plan::Halve,
                             idle: if held.is_empty() { idle + 1 } else { 0 },
+                        });
+                    }
+                }
+                Plan::At(g) if g > lo => {
+                    // Blocks g - 1 and g together: the pods holding the
+                    // first and not the second stop at depth g.
+                    let [(before, _), (held, h)] = self.probe_pair(
+                        chain.hash_at((g - 1) as usize),
+                        chain.hash_at(g as usize),
+                        &cand,
+                    );
+                    probes += 2;
+                    let at_g = before.and_not(&held);
+                    let missing = cand.and_not(&before).and_not(&held);
+                    let idle = if at_g.is_empty() { idle + 1 } else { 0 };
+                    if !missing.is_empty() {
+                        stack.push(Span {
+                            lo,
+                            hi: g - 1,
+                            cand: missing,
+                            plan: Plan::Halve,
+                            idle,
+                        });
+                    }
+                    if !at_g.is_empty() {
+                        stack.push(Span {
+                            lo: g,
+                            hi: g,
+                            cand: at_g,
+                            plan: Plan::Halve,
+                            idle,
+                        });
+                    }
+                    if !held.is_empty() {
+                        stack.push(Span {
+                            lo: g + 1,
+                            hi,
+                            cand: held,
+                            plan: plan_after(g, h, hi),
+                            idle,
                         });
                     }
                 }
@@ -928,16 +991,16 @@ impl HashChain for [u64] {
     }
 }
 
-/// Where a search puts the pods it finds.
+/// Where a search puts the pods it finds, a group of one depth at a time.
 trait MatchSink {
-    fn found(&mut self, pod: PodId, blocks: u32);
+    fn found_group(&mut self, blocks: u32, pods: impl ExactSizeIterator<Item = PodId>);
     fn add_probes(&mut self, n: u32);
 }
 
 impl MatchSink for PrefixMatch {
     #[inline]
-    fn found(&mut self, pod: PodId, blocks: u32) {
-        self.push(PodMatch { pod, blocks });
+    fn found_group(&mut self, blocks: u32, pods: impl ExactSizeIterator<Item = PodId>) {
+        self.push_group(blocks, pods);
     }
     #[inline]
     fn add_probes(&mut self, n: u32) {
@@ -952,14 +1015,30 @@ struct FnSink<F> {
 
 impl<F: FnMut(PodId, u32)> MatchSink for FnSink<F> {
     #[inline]
-    fn found(&mut self, pod: PodId, blocks: u32) {
+    fn found_group(&mut self, blocks: u32, pods: impl ExactSizeIterator<Item = PodId>) {
         if blocks > 0 {
-            (self.f)(pod, blocks);
+            for pod in pods {
+                (self.f)(pod, blocks);
+            }
         }
     }
     #[inline]
     fn add_probes(&mut self, n: u32) {
         self.probes += n;
+    }
+}
+
+/// One lookup in a locked shard: the pods among `cand` holding `hash`, and
+/// the block's run hint.
+#[inline]
+fn look<const W: usize>(
+    sh: &ShardInner<W>,
+    hash: u64,
+    cand: &HostBitmap<W>,
+) -> (HostBitmap<W>, Hint) {
+    match sh.map.get(&hash) {
+        Some(h) => (h.and(&sh.slab, cand), Hint(h.hint())),
+        None => (HostBitmap::EMPTY, Hint(0)),
     }
 }
 

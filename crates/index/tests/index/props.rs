@@ -165,9 +165,21 @@ fn parent_mode() -> impl Strategy<Value = Parent> {
 /// the chain's tail from a depth, as an engine evicting leaves does.
 #[derive(Clone, Copy, Debug)]
 enum Step {
-    Store { pod: usize, depth: usize, chunk: usize, from_zero: bool, parent: Parent },
-    Evict { pod: usize, from: usize },
-    Noise { pod: usize, len: usize },
+    Store {
+        pod: usize,
+        depth: usize,
+        chunk: usize,
+        from_zero: bool,
+        parent: Parent,
+    },
+    Evict {
+        pod: usize,
+        from: usize,
+    },
+    Noise {
+        pod: usize,
+        len: usize,
+    },
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -261,7 +273,9 @@ fn hints_settle_a_run_per_group_in_about_two_probes() {
         for at in (0..d).step_by(64) {
             let to = (at + 64).min(d);
             let parent = at.checked_sub(1).map(|p| c[p]);
-            index.store_after(*pod, Tier::Gpu, parent, &c[at..to]).unwrap();
+            index
+                .store_after(*pod, Tier::Gpu, parent, &c[at..to])
+                .unwrap();
         }
     }
     let bin = index.match_prefix(&c);
@@ -276,7 +290,10 @@ fn hints_settle_a_run_per_group_in_about_two_probes() {
             store(&plain, *pod, ev);
         }
     }
-    assert_eq!(plain.match_prefix(&c).pods(), plain.match_prefix_linear(&c).pods());
+    assert_eq!(
+        plain.match_prefix(&c).pods(),
+        plain.match_prefix_linear(&c).pods()
+    );
 }
 
 #[test]
