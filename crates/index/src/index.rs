@@ -10,7 +10,7 @@ use router_core::{
 use smallvec::SmallVec;
 
 use crate::bitmap::HostBitmap;
-use crate::holders::Holders;
+use crate::holders::{Holders, Slab};
 use crate::shard::{Shard, ShardInner, shard_of};
 use crate::sync::{AtomicU64, Mutex, Ordering, RwLock};
 
@@ -369,7 +369,12 @@ impl<const W: usize> Index<W> {
         pod: PodId,
         parent: Option<BlockHash>,
         blocks: &[BlockHash],
-        mut f: impl FnMut(&mut ShardInner<W>, &Slot, &mut PodState, u64),
+        mut f: impl for<'a> FnMut(
+            &'a mut ShardInner<W>,
+            &Slot,
+            &mut PodState,
+            u64,
+        ) -> Option<(&'a mut Holders, &'a Slab<W>)>,
     ) -> Result<(), Error> {
         let (slot, st) = self.live_slot(pod)?;
         let live = state(pod.epoch(), LIVE);
@@ -387,10 +392,9 @@ impl<const W: usize> Index<W> {
                 self.counters.skipped_dead.fetch_add(1, Ordering::Relaxed);
                 return Err(Error::PodShutDown(pod));
             }
-            let sh = &mut *guard;
-            f(sh, slot, &mut ps, h);
-            next = sh.map.get_mut(&h).map(|e| {
-                let set = e.to_bitmap(&sh.slab);
+            // `f` hands back the block's entry if one is left.
+            next = f(&mut guard, slot, &mut ps, h).map(|(e, slab)| {
+                let set = e.to_bitmap(slab);
                 let hint = Hint::before(next.as_ref(), &set, after_end);
                 e.set_hint(hint.0);
                 (set, hint)
@@ -435,7 +439,8 @@ impl<const W: usize> Index<W> {
                 slab,
                 residencies,
             } = sh;
-            let newly = map.entry(h).or_insert(Holders::EMPTY).insert(slab, s);
+            let entry = map.entry(h).or_insert(Holders::EMPTY);
+            let newly = entry.insert(slab, s);
             if newly {
                 *residencies += 1;
                 slot.blocks.fetch_add(1, Ordering::Relaxed);
@@ -454,6 +459,7 @@ impl<const W: usize> Index<W> {
                     ps.tiers.insert(h, mask);
                 }
             }
+            Some((entry, &*slab))
         })
     }
 
@@ -468,30 +474,29 @@ impl<const W: usize> Index<W> {
                 slab,
                 residencies,
             } = sh;
-            let Some(holders) = map.get_mut(&h) else {
-                return;
+            let std::collections::hash_map::Entry::Occupied(mut entry) = map.entry(h) else {
+                return None;
             };
-            if !holders.contains(slab, s) {
-                return;
-            }
+            let holders = entry.get_mut();
             let current = ps.tiers.get(&h).copied().unwrap_or(TIER_BITS_GPU);
             let mask = current & !tier_bit;
-            if mask == current {
-                return; // not in that tier: nothing to do
-            }
-            if mask == 0 {
+            if !holders.contains(slab, s) || mask == current {
+                // Not held, or not in that tier: nothing to do.
+            } else if mask == 0 {
                 holders.remove(slab, s);
                 *residencies -= 1;
                 slot.blocks.fetch_sub(1, Ordering::Relaxed);
-                if holders.is_empty() {
-                    map.remove(&h);
-                }
                 ps.tiers.remove(&h);
+                if holders.is_empty() {
+                    entry.remove();
+                    return None;
+                }
             } else if mask == TIER_BITS_GPU {
                 ps.tiers.remove(&h);
             } else {
                 ps.tiers.insert(h, mask);
             }
+            Some((entry.into_mut(), &*slab))
         })
     }
 
