@@ -1,4 +1,6 @@
-use crate::{BlockHash, CacheEvent, Error, Namespace, PodId, PodKey, PrefixMatch, TierCounts};
+use crate::{
+    BlockHash, CacheEvent, Error, Namespace, PodId, PodKey, PrefixMatch, Tier, TierCounts,
+};
 
 /// Turns tokens into a cumulative block-hash chain.
 ///
@@ -70,6 +72,22 @@ pub trait CacheEventSink: Send + Sync {
     fn apply_all(&self, events: &[CacheEvent]) -> usize {
         events.iter().filter(|e| self.apply(e).is_err()).count()
     }
+
+    /// Applies a `CacheEvent::Stored` of `blocks` that extend `parent`, the
+    /// chain's block before `blocks[0]` (`None` for a chain's first blocks
+    /// or when it is not known), as engines' events name it. The result is
+    /// the same event's; a sink that can use the parent (router-index keeps
+    /// run hints across events with it) overrides this.
+    fn apply_stored(
+        &self,
+        pod: PodId,
+        tier: Tier,
+        parent: Option<BlockHash>,
+        blocks: Vec<BlockHash>,
+    ) -> Result<(), Error> {
+        let _ = parent;
+        self.apply(&CacheEvent::Stored { pod, tier, blocks })
+    }
 }
 
 /// Pod lifecycle: external keys in, compact ids out.
@@ -120,6 +138,9 @@ macro_rules! forward {
             }
             fn apply_all(&self, events: &[CacheEvent]) -> usize {
                 (**self).apply_all(events)
+            }
+            fn apply_stored(&self, pod: PodId, tier: Tier, parent: Option<BlockHash>, blocks: Vec<BlockHash>) -> Result<(), Error> {
+                (**self).apply_stored(pod, tier, parent, blocks)
             }
         }
 

@@ -274,6 +274,9 @@ impl<H: BlockHasher, S: CacheEventSink> Ingestor<H, S> {
             return;
         }
         let state = self.pods.entry(pod).or_default();
+        // The parent block in router hashes, for the index (`None` for a
+        // chain's first blocks, whose parent is the namespace's root).
+        let mut first_parent = None;
         let mut parent = match s.parent_block_hash {
             None => {
                 let mut ns = Namespace::default();
@@ -283,7 +286,10 @@ impl<H: BlockHasher, S: CacheEventSink> Ingestor<H, S> {
                 self.hasher.root(&ns)
             }
             Some(ph) => match state.blocks.get(&ph) {
-                Some(k) => k.router,
+                Some(k) => {
+                    first_parent = Some(k.router);
+                    k.router
+                }
                 None => {
                     state.needs_resync = true;
                     self.stats.unknown_parent += 1;
@@ -329,7 +335,10 @@ impl<H: BlockHasher, S: CacheEventSink> Ingestor<H, S> {
         }
         self.stats.blocks_stored += self.scratch.len() as u64;
         let blocks = std::mem::take(&mut self.scratch);
-        self.send(CacheEvent::Stored { pod, tier, blocks });
+        match self.sink.apply_stored(pod, tier, first_parent, blocks) {
+            Ok(()) => self.stats.events_applied += 1,
+            Err(_) => self.stats.sink_refused += 1,
+        }
         // After the store: a hash reused within this very chain replaced a
         // block the store just put in.
         for (old, tiers) in replaced {

@@ -1103,6 +1103,16 @@ impl<const W: usize> CacheEventSink for Index<W> {
     fn apply(&self, event: &CacheEvent) -> Result<(), Error> {
         self.apply_event(event)
     }
+
+    fn apply_stored(
+        &self,
+        pod: PodId,
+        tier: Tier,
+        parent: Option<BlockHash>,
+        blocks: Vec<BlockHash>,
+    ) -> Result<(), Error> {
+        self.store_after(pod, tier, parent, &blocks)
+    }
 }
 
 impl<const W: usize> PodDirectory for Index<W> {

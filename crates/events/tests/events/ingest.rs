@@ -267,3 +267,88 @@ fn an_engine_hash_repeated_within_one_chain_leaves_no_stale_block() {
     );
     assert_eq!(ing.export_pod(pod).len(), 1);
 }
+
+/// Forwards to a real index, recording the parent each store names.
+struct RecordParents {
+    index: Arc<Index>,
+    parents: std::sync::Mutex<Vec<Option<router_core::BlockHash>>>,
+}
+
+impl router_core::CacheEventSink for RecordParents {
+    fn apply(&self, event: &router_core::CacheEvent) -> Result<(), router_core::Error> {
+        self.index.apply(event)
+    }
+
+    fn apply_stored(
+        &self,
+        pod: router_core::PodId,
+        tier: router_core::Tier,
+        parent: Option<router_core::BlockHash>,
+        blocks: Vec<router_core::BlockHash>,
+    ) -> Result<(), router_core::Error> {
+        self.parents.lock().unwrap().push(parent);
+        self.index.apply_stored(pod, tier, parent, blocks)
+    }
+}
+
+#[test]
+fn a_store_names_its_parent_in_router_hashes() {
+    use router_core::CacheEventSink;
+    let index = Index::<4>::new(IndexConfig::default());
+    let pod = index.join(&PodKey::new("http://engine:8000", 0)).unwrap();
+    let sink = Arc::new(RecordParents {
+        index: index.clone(),
+        parents: Default::default(),
+    });
+    let mut ing = Ingestor::new(
+        ChainHasher::new(4).unwrap(),
+        sink.clone(),
+        Some("m".into()),
+        4,
+    );
+    let tokens: Vec<u32> = (1..=24).collect();
+    // A prefill reported in three events, each naming the last as parent.
+    for (i, (hashes, parent)) in [
+        (&[900u64, 901][..], None),
+        (&[902, 903][..], Some(901)),
+        (&[904, 905][..], Some(903)),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let t = &tokens[8 * i..8 * (i + 1)];
+        ing.apply_batch(
+            pod,
+            &batch(vec![EngineEvent::BlockStored(stored(hashes, parent, t))]),
+        );
+    }
+    let chain = router_chain(&tokens);
+    assert_eq!(
+        *sink.parents.lock().unwrap(),
+        vec![None, Some(chain[1]), Some(chain[3])],
+        "the engine's parent hash, translated to the router's"
+    );
+    assert_eq!(index.match_prefix(&chain).blocks_for(pod), 6);
+    // A sink that ignores parents gets the plain event (the default).
+    struct Plain(Arc<Index>);
+    impl router_core::CacheEventSink for Plain {
+        fn apply(&self, event: &router_core::CacheEvent) -> Result<(), router_core::Error> {
+            self.0.apply(event)
+        }
+    }
+    let other = Index::<4>::new(IndexConfig::default());
+    let pod2 = other.join(&PodKey::new("http://engine:8000", 0)).unwrap();
+    let plain = Plain(other.clone());
+    plain
+        .apply_stored(
+            pod2,
+            router_core::Tier::Gpu,
+            Some(chain[1]),
+            chain[2..4].to_vec(),
+        )
+        .unwrap();
+    plain
+        .apply_stored(pod2, router_core::Tier::Gpu, None, chain[..2].to_vec())
+        .unwrap();
+    assert_eq!(other.match_prefix(&chain).blocks_for(pod2), 4);
+}
