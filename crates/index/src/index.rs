@@ -404,7 +404,7 @@ impl<const W: usize> Index<W> {
         if let (Some(BlockHash(p)), Some((set, hint))) = (parent, next) {
             let mut guard = self.shard(p).write();
             let sh = &mut *guard;
-            if let Some(e) = sh.map.get_mut(&p) {
+            if let Some(e) = sh.map.get_mut(p) {
                 let mine = e.to_bitmap(&sh.slab);
                 e.set_hint(Hint::before(Some(&(set, hint)), &mine, false).0);
             }
@@ -439,7 +439,7 @@ impl<const W: usize> Index<W> {
                 slab,
                 residencies,
             } = sh;
-            let entry = map.entry(h).or_insert(Holders::EMPTY);
+            let entry = map.get_or_insert(h);
             let newly = entry.insert(slab, s);
             if newly {
                 *residencies += 1;
@@ -474,10 +474,8 @@ impl<const W: usize> Index<W> {
                 slab,
                 residencies,
             } = sh;
-            let std::collections::hash_map::Entry::Occupied(mut entry) = map.entry(h) else {
-                return None;
-            };
-            let holders = entry.get_mut();
+            let at = map.find(h)?;
+            let holders = map.at_mut(at);
             let current = ps.tiers.get(&h).copied().unwrap_or(TIER_BITS_GPU);
             let mask = current & !tier_bit;
             if !holders.contains(slab, s) || mask == current {
@@ -488,7 +486,7 @@ impl<const W: usize> Index<W> {
                 slot.blocks.fetch_sub(1, Ordering::Relaxed);
                 ps.tiers.remove(&h);
                 if holders.is_empty() {
-                    entry.remove();
+                    map.remove_at(at);
                     return None;
                 }
             } else if mask == TIER_BITS_GPU {
@@ -496,7 +494,7 @@ impl<const W: usize> Index<W> {
             } else {
                 ps.tiers.insert(h, mask);
             }
-            Some((entry.into_mut(), &*slab))
+            Some((map.at_mut(at), &*slab))
         })
     }
 
@@ -1041,7 +1039,7 @@ fn look<const W: usize>(
     hash: u64,
     cand: &HostBitmap<W>,
 ) -> (HostBitmap<W>, Hint) {
-    match sh.map.get(&hash) {
+    match sh.map.get(hash) {
         Some(h) => (h.and(&sh.slab, cand), Hint(h.hint())),
         None => (HostBitmap::EMPTY, Hint(0)),
     }

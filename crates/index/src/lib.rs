@@ -15,6 +15,14 @@
 //! whatever `P` is. Each probe locks one of 256 cache-padded shards for
 //! reading and does one hash-map lookup.
 //!
+//! Each entry also keeps a 16-bit **run hint**: how far its holder set ran
+//! unchanged along the chain of the event that last wrote it (carried
+//! across events when a store names its parent, [`Index::store_after`]).
+//! The search uses it to guess where the next change is and probes that
+//! block and the one before it together, so a group of pods usually costs
+//! two probes rather than a halving. Hints only choose split points: the
+//! answer never depends on them.
+//!
 //! # Invariants
 //!
 //! - **Exact on prefix-closed state**: when each pod's blocks form a prefix
@@ -30,7 +38,13 @@
 //!   for the slot's next owner. A slot is reused only after its sweep, with
 //!   a new epoch.
 //! - **Idempotent events**: storing a held block or removing an absent one
-//!   changes nothing; a stream applied twice gives the same index.
+//!   changes no holders; a stream applied twice gives the same answers.
+//! - **Hints are never trusted**: any hint, stale or wrong, gives the same
+//!   answer; a bound keeps bad hints from costing more than a few probes
+//!   per halving step.
+//! - **A store is seen whole or not at all** by a query that reads its first
+//!   and last blocks: blocks are written last to first, and a query reads
+//!   block 0 and the deepest block under both shard locks.
 //! - **Tiers off the hot path**: shards hold presence only; per-pod tier
 //!   records exist only for blocks not held in exactly {GPU}, and a pod's
 //!   bit clears when a block leaves its last tier.
@@ -82,6 +96,7 @@ mod holders;
 mod index;
 mod shard;
 mod sync;
+mod table;
 
 pub use bitmap::{HostBitmap, Ones};
 pub use index::{HashChain, Index, IndexConfig, IndexStats};
