@@ -17,6 +17,15 @@ pub enum Error {
     /// The pod has been shut down; its events are ignored.
     #[error("pod {0} is shut down")]
     PodShutDown(PodId),
+    /// A store named a parent block the pod does not hold (a missed event
+    /// upstream), and the index was asked to check parents.
+    #[error("pod {pod} stored blocks after {parent}, a block it does not hold")]
+    UnknownParent {
+        /// The pod that sent the store.
+        pod: PodId,
+        /// The parent it named.
+        parent: crate::BlockHash,
+    },
     /// Every pod slot is taken.
     #[error("no free pod slot: the index holds at most {limit} pods")]
     TooManyPods {

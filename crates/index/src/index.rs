@@ -29,6 +29,12 @@ pub struct IndexConfig {
     /// Below this many blocks a search interval is scanned block by block
     /// instead of halved: a short scan beats the bookkeeping of a partition.
     pub linear_span: usize,
+    /// Refuse a store whose named parent ([`Index::store_after`]) the pod
+    /// does not hold, with [`Error::UnknownParent`], counted in
+    /// [`IndexStats::skipped_unknown_parent`] (as kv-index and Dynamo
+    /// refuse an orphan store). Off by default: `router-events` already
+    /// checks parents in engine hashes and asks for a replay.
+    pub validate_parents: bool,
 }
 
 impl Default for IndexConfig {
@@ -38,6 +44,7 @@ impl Default for IndexConfig {
             background_sweep: true,
             sweep_threads: 1,
             linear_span: 4,
+            validate_parents: false,
         }
     }
 }
@@ -66,6 +73,12 @@ impl IndexConfig {
         self.linear_span = n;
         self
     }
+
+    /// Sets [`IndexConfig::validate_parents`].
+    pub fn validate_parents(mut self, yes: bool) -> Self {
+        self.validate_parents = yes;
+        self
+    }
 }
 
 /// A snapshot of the index's counters.
@@ -89,6 +102,9 @@ pub struct IndexStats {
     /// Events refused because the pod was shut down (including writes that
     /// found the pod gone while holding a shard lock).
     pub skipped_dead_pod: u64,
+    /// Stores refused because the pod does not hold the parent they named
+    /// (with [`IndexConfig::validate_parents`]).
+    pub skipped_unknown_parent: u64,
     /// Sweeps running now.
     pub sweeps_running: u64,
     /// Sweep passes completed.
@@ -143,6 +159,7 @@ struct Counters {
     events_applied: AtomicU64,
     skipped_unknown: AtomicU64,
     skipped_dead: AtomicU64,
+    skipped_parent: AtomicU64,
     sweeps_running: AtomicU64,
     sweeps_completed: AtomicU64,
     blocks_swept: AtomicU64,
@@ -368,6 +385,7 @@ impl<const W: usize> Index<W> {
         &self,
         pod: PodId,
         parent: Option<BlockHash>,
+        validate_parent: bool,
         blocks: &[BlockHash],
         mut f: impl for<'a> FnMut(
             &'a mut ShardInner<W>,
@@ -379,6 +397,23 @@ impl<const W: usize> Index<W> {
         let (slot, st) = self.live_slot(pod)?;
         let live = state(pod.epoch(), LIVE);
         let mut ps = slot.pod.lock();
+        if let Some(BlockHash(p)) = parent.filter(|_| validate_parent) {
+            // Under the pod's event lock, so no event of this pod can take
+            // the parent away between the check and the store.
+            let sh = self.shard(p).read();
+            let held = sh
+                .map
+                .get(p)
+                .is_some_and(|h| h.contains(&sh.slab, pod.slot()));
+            if !held {
+                drop(sh);
+                self.counters.skipped_parent.fetch_add(1, Ordering::Relaxed);
+                return Err(Error::UnknownParent {
+                    pod,
+                    parent: BlockHash(p),
+                });
+            }
+        }
         // The holders of the block after the current one, and its hint;
         // `None` past the event's end or after a block left with no pod.
         let mut next: Option<(HostBitmap<W>, Hint)> = None;
@@ -423,7 +458,9 @@ impl<const W: usize> Index<W> {
     /// before `blocks[0]`, as engines' events name it). The answer is the
     /// same; naming the parent lets the index carry its run hint across
     /// events, so later searches of a long run stored in many events take
-    /// fewer probes.
+    /// fewer probes. With [`IndexConfig::validate_parents`], a store whose
+    /// parent the pod does not hold is refused ([`Error::UnknownParent`])
+    /// and counted.
     pub fn store_after(
         &self,
         pod: PodId,
@@ -433,34 +470,40 @@ impl<const W: usize> Index<W> {
     ) -> Result<(), Error> {
         let s = pod.slot();
         let tier_bit = 1u8 << tier as u8;
-        self.write_blocks(pod, parent, blocks, |sh, slot, ps, h| {
-            let ShardInner {
-                map,
-                slab,
-                residencies,
-            } = sh;
-            let entry = map.get_or_insert(h);
-            let newly = entry.insert(slab, s);
-            if newly {
-                *residencies += 1;
-                slot.blocks.fetch_add(1, Ordering::Relaxed);
-            }
-            // A fleet with one tier keeps no records and skips this.
-            if tier != Tier::Gpu || !ps.tiers.is_empty() {
-                let current = if newly {
-                    0
-                } else {
-                    ps.tiers.get(&h).copied().unwrap_or(TIER_BITS_GPU)
-                };
-                let mask = current | tier_bit;
-                if mask == TIER_BITS_GPU {
-                    ps.tiers.remove(&h);
-                } else {
-                    ps.tiers.insert(h, mask);
+        self.write_blocks(
+            pod,
+            parent,
+            self.config.validate_parents,
+            blocks,
+            |sh, slot, ps, h| {
+                let ShardInner {
+                    map,
+                    slab,
+                    residencies,
+                } = sh;
+                let entry = map.get_or_insert(h);
+                let newly = entry.insert(slab, s);
+                if newly {
+                    *residencies += 1;
+                    slot.blocks.fetch_add(1, Ordering::Relaxed);
                 }
-            }
-            Some((entry, &*slab))
-        })
+                // A fleet with one tier keeps no records and skips this.
+                if tier != Tier::Gpu || !ps.tiers.is_empty() {
+                    let current = if newly {
+                        0
+                    } else {
+                        ps.tiers.get(&h).copied().unwrap_or(TIER_BITS_GPU)
+                    };
+                    let mask = current | tier_bit;
+                    if mask == TIER_BITS_GPU {
+                        ps.tiers.remove(&h);
+                    } else {
+                        ps.tiers.insert(h, mask);
+                    }
+                }
+                Some((entry, &*slab))
+            },
+        )
     }
 
     /// Records that `pod` dropped `blocks` from `tier` (a
@@ -468,7 +511,7 @@ impl<const W: usize> Index<W> {
     pub fn remove(&self, pod: PodId, tier: Tier, blocks: &[BlockHash]) -> Result<(), Error> {
         let s = pod.slot();
         let tier_bit = 1u8 << tier as u8;
-        self.write_blocks(pod, None, blocks, |sh, slot, ps, h| {
+        self.write_blocks(pod, None, false, blocks, |sh, slot, ps, h| {
             let ShardInner {
                 map,
                 slab,
@@ -611,6 +654,7 @@ impl<const W: usize> Index<W> {
         st.events_applied = c.events_applied.load(Ordering::Relaxed);
         st.skipped_unknown_pod = c.skipped_unknown.load(Ordering::Relaxed);
         st.skipped_dead_pod = c.skipped_dead.load(Ordering::Relaxed);
+        st.skipped_unknown_parent = c.skipped_parent.load(Ordering::Relaxed);
         st.sweeps_running = c.sweeps_running.load(Ordering::Relaxed);
         st.sweeps_completed = c.sweeps_completed.load(Ordering::Relaxed);
         st.blocks_swept = c.blocks_swept.load(Ordering::Relaxed);

@@ -427,11 +427,11 @@ fn memory() {
         }
         let bytes = LIVE.load(Ordering::Relaxed) as i64 - before;
         let st = ours.index().stats();
-        // A full bitmap per block: 8-byte key + 32-byte bitmap per hashbrown
-        // bucket plus its control byte, at the same bucket count (taken from
-        // the one-pod row, where the index holds no slab bitmaps).
-        let buckets = *map_buckets.get_or_insert(st.bytes as f64 / (16.0 + 1.0));
-        let full = (buckets * (8.0 + 32.0 + 1.0)) / BLOCKS as f64;
+        // A full bitmap per block: 8-byte key + 32-byte bitmap per slot, at
+        // the same slot count (taken from the one-pod row, where the index
+        // holds no slab bitmaps and a slot is 16 bytes).
+        let slots = *map_buckets.get_or_insert(st.bytes as f64 / 16.0);
+        let full = (slots * (8.0 + 32.0)) / BLOCKS as f64;
         println!(
             "| {r} | {:.1} | {:.1} | {:.1} | {:.1} |",
             bytes as f64 / BLOCKS as f64,

@@ -199,3 +199,45 @@ fn stats_count_entries_residencies_and_bitmaps() {
     assert!(st.bytes > 0);
     assert_eq!(st.events_applied, 9);
 }
+
+#[test]
+fn an_orphan_store_is_refused_and_counted_when_parents_are_checked() {
+    let index = Index::<4>::new(
+        IndexConfig::default()
+            .background_sweep(false)
+            .validate_parents(true),
+    );
+    let pods = join_n(&*index, 2);
+    let c = chain(9, 8);
+    index
+        .store_after(pods[0], Tier::Gpu, None, &c[..4])
+        .unwrap();
+    // Extends a block it holds: applied.
+    index
+        .store_after(pods[0], Tier::Gpu, Some(c[3]), &c[4..6])
+        .unwrap();
+    // Pod 1 holds nothing: its store after block 3 is an orphan.
+    assert_eq!(
+        index.store_after(pods[1], Tier::Gpu, Some(c[3]), &c[4..6]),
+        Err(Error::UnknownParent {
+            pod: pods[1],
+            parent: c[3]
+        })
+    );
+    // A parent evicted in the meantime is refused too.
+    index.remove(pods[0], Tier::Gpu, &c[5..6]).unwrap();
+    assert!(matches!(
+        index.store_after(pods[0], Tier::Gpu, Some(c[5]), &c[6..8]),
+        Err(Error::UnknownParent { .. })
+    ));
+    let m = index.match_prefix(&c);
+    assert_eq!((m.blocks_for(pods[0]), m.blocks_for(pods[1])), (5, 0));
+    let st = index.stats();
+    assert_eq!(st.skipped_unknown_parent, 2);
+    assert_eq!(st.residencies, 5, "nothing of the refused stores landed");
+    // Unchecked (the default), the same orphan store applies.
+    let lax = Index::<4>::new(IndexConfig::default().background_sweep(false));
+    let p = join_n(&*lax, 1)[0];
+    lax.store_after(p, Tier::Gpu, Some(c[3]), &c[4..6]).unwrap();
+    assert_eq!(lax.stats().skipped_unknown_parent, 0);
+}
