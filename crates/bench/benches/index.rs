@@ -10,6 +10,11 @@
 //!   report the pod); `sweep` is the background clean-up of its 1M bits;
 //!   `query_during_sweep` is the other pod's query latency while a sweep
 //!   runs on another thread, against `query_idle`.
+//! - `store/{new,again}_128`: one store event of a whole 128-block chain
+//!   for one of 16 pods, as W1 and W4 of `compare` send them: `new` stores
+//!   chains the index has never seen (a fresh index every 4000 chains, the
+//!   rebuild untimed), `again` re-stores chains the pod already holds,
+//!   picked at random from 4000 (cold).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -142,5 +147,61 @@ fn bench_shutdown(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench_match, bench_shutdown);
+fn bench_store(c: &mut Criterion) {
+    const CHAINS: usize = 4000;
+    let chains: Vec<Vec<BlockHash>> = (0..CHAINS as u64)
+        .map(|c| {
+            (0..128u64)
+                .map(|i| BlockHash(workload::mix(c << 20 | i)))
+                .collect()
+        })
+        .collect();
+    let fresh = || {
+        let index = Index::<4>::new(IndexConfig::default().background_sweep(false));
+        let pods: Vec<PodId> = (0..16)
+            .map(|i| {
+                index
+                    .join(&PodKey::new(format!("http://pod-{i}"), 0))
+                    .expect("room for 16 pods")
+            })
+            .collect();
+        (index, pods)
+    };
+    let mut g = c.benchmark_group("store");
+    g.bench_function("new_128", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            let mut done = 0u64;
+            while done < iters {
+                let (index, pods) = fresh();
+                let t = Instant::now();
+                for (i, chain) in chains.iter().enumerate() {
+                    if done == iters {
+                        break;
+                    }
+                    index.store(pods[i % 16], Tier::Gpu, chain).expect("live");
+                    done += 1;
+                }
+                total += t.elapsed();
+            }
+            total
+        })
+    });
+    let (index, pods) = fresh();
+    for (i, chain) in chains.iter().enumerate() {
+        index.store(pods[i % 16], Tier::Gpu, chain).expect("live");
+    }
+    let mut rng = workload::Rng::new(7);
+    g.bench_function("again_128", |b| {
+        b.iter(|| {
+            let i = rng.below(CHAINS as u64) as usize;
+            index
+                .store(pods[i % 16], Tier::Gpu, &chains[i])
+                .expect("live");
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench_match, bench_shutdown, bench_store);
 criterion_main!(benches);

@@ -389,7 +389,7 @@ impl<const W: usize> Index<W> {
         blocks: &[BlockHash],
         mut f: impl for<'a> FnMut(
             &'a mut ShardInner<W>,
-            &Slot,
+            &mut i64,
             &mut PodState,
             u64,
         ) -> Option<(&'a mut Holders, &'a Slab<W>)>,
@@ -418,17 +418,29 @@ impl<const W: usize> Index<W> {
         // `None` past the event's end or after a block left with no pod.
         let mut next: Option<(HostBitmap<W>, Hint)> = None;
         let mut after_end = true;
+        // Blocks the pod gained (or lost), added to its count once, still
+        // under its event lock (a sweep takes that lock before zeroing it).
+        let mut added = 0i64;
+        let count = |added: i64| {
+            if added >= 0 {
+                slot.blocks.fetch_add(added as u64, Ordering::Relaxed);
+            } else {
+                slot.blocks
+                    .fetch_sub(added.unsigned_abs(), Ordering::Relaxed);
+            }
+        };
         for &BlockHash(h) in blocks.iter().rev() {
             let mut guard = self.shard(h).write();
             // Invariant: a write checks liveness under the shard lock. A
             // sweep locks every shard after the pod left, so either it sees
             // this write's bits, or this write sees the pod gone.
             if st.load(Ordering::Acquire) != live {
+                count(added);
                 self.counters.skipped_dead.fetch_add(1, Ordering::Relaxed);
                 return Err(Error::PodShutDown(pod));
             }
             // `f` hands back the block's entry if one is left.
-            next = f(&mut guard, slot, &mut ps, h).map(|(e, slab)| {
+            next = f(&mut guard, &mut added, &mut ps, h).map(|(e, slab)| {
                 let set = e.to_bitmap(slab);
                 let hint = Hint::before(next.as_ref(), &set, after_end);
                 e.set_hint(hint.0);
@@ -444,6 +456,7 @@ impl<const W: usize> Index<W> {
                 e.set_hint(Hint::before(Some(&(set, hint)), &mine, false).0);
             }
         }
+        count(added);
         self.counters.events_applied.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
@@ -475,7 +488,7 @@ impl<const W: usize> Index<W> {
             parent,
             self.config.validate_parents,
             blocks,
-            |sh, slot, ps, h| {
+            |sh, added, ps, h| {
                 let ShardInner {
                     map,
                     slab,
@@ -485,7 +498,7 @@ impl<const W: usize> Index<W> {
                 let newly = entry.insert(slab, s);
                 if newly {
                     *residencies += 1;
-                    slot.blocks.fetch_add(1, Ordering::Relaxed);
+                    *added += 1;
                 }
                 // A fleet with one tier keeps no records and skips this.
                 if tier != Tier::Gpu || !ps.tiers.is_empty() {
@@ -511,7 +524,7 @@ impl<const W: usize> Index<W> {
     pub fn remove(&self, pod: PodId, tier: Tier, blocks: &[BlockHash]) -> Result<(), Error> {
         let s = pod.slot();
         let tier_bit = 1u8 << tier as u8;
-        self.write_blocks(pod, None, false, blocks, |sh, slot, ps, h| {
+        self.write_blocks(pod, None, false, blocks, |sh, added, ps, h| {
             let ShardInner {
                 map,
                 slab,
@@ -526,7 +539,7 @@ impl<const W: usize> Index<W> {
             } else if mask == 0 {
                 holders.remove(slab, s);
                 *residencies -= 1;
-                slot.blocks.fetch_sub(1, Ordering::Relaxed);
+                *added -= 1;
                 ps.tiers.remove(&h);
                 if holders.is_empty() {
                     map.remove_at(at);
