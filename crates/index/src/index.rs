@@ -711,9 +711,12 @@ impl<const W: usize> Index<W> {
 
     #[inline]
     fn emit(&self, pods: &HostBitmap<W>, depth: usize, out: &mut impl MatchSink) {
+        if pods.is_empty() {
+            return;
+        }
         // Word by word, through a counted range: the sink's `extend` then
         // writes the pods without a length update per pod.
-        for (i, &word) in pods.words().iter().enumerate() {
+        for (i, &word) in pods.words().iter().enumerate().filter(|(_, w)| **w != 0) {
             let mut w = word;
             let ids = (0..word.count_ones()).map(|_| {
                 let s = i * 64 + w.trailing_zeros() as usize;
