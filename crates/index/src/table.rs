@@ -129,7 +129,13 @@ impl BlockMap {
 
     fn grow(&mut self) {
         let n = (self.slots.len() * 2).max(MIN_SLOTS);
-        let old = std::mem::replace(&mut self.slots, vec![(EMPTY_KEY, Holders::EMPTY); n]);
+        let old = std::mem::take(&mut self.slots);
+        self.place_all(n, old);
+    }
+
+    /// Places the entries of `old` in a new array of `n` slots.
+    fn place_all(&mut self, n: usize, old: Vec<(u64, Holders)>) {
+        self.slots = vec![(EMPTY_KEY, Holders::EMPTY); n];
         let mask = n - 1;
         for (k, v) in old {
             if k == EMPTY_KEY {
@@ -184,22 +190,49 @@ impl BlockMap {
     }
 
     /// Keeps the entries for which `keep` returns true (it may change them).
+    /// A few departures are removed one by one (each shifting its run
+    /// back); many (a sweep may empty most of a shard) are handled by
+    /// placing the survivors again in the cleared array, one pass. The
+    /// array keeps its size, as hashbrown's does.
     pub(crate) fn retain(&mut self, mut keep: impl FnMut(u64, &mut Holders) -> bool) {
         if let Some(h) = self.zero.as_mut()
             && !keep(EMPTY_KEY, h)
         {
             self.zero = None;
         }
-        let mut gone = Vec::new();
-        for (k, h) in self.slots.iter_mut() {
+        let mut gone: Vec<usize> = Vec::new();
+        for (i, (k, h)) in self.slots.iter_mut().enumerate() {
             if *k != EMPTY_KEY && !keep(*k, h) {
-                gone.push(*k);
+                gone.push(i);
             }
         }
-        for k in gone {
-            if let Some(at) = self.find(k) {
-                self.remove_at(at);
+        if gone.len() * 8 < self.len {
+            let keys: Vec<u64> = gone.iter().map(|&i| self.slots[i].0).collect();
+            for k in keys {
+                if let Some(at) = self.find(k) {
+                    self.remove_at(at);
+                }
             }
+            return;
+        }
+        for &i in &gone {
+            self.slots[i].0 = EMPTY_KEY;
+        }
+        // The survivors leave their slots (only an empty slot's key is
+        // ever read), then go back in from their homes.
+        let mut survivors: Vec<(u64, Holders)> = Vec::with_capacity(self.len - gone.len());
+        for slot in self.slots.iter_mut().filter(|s| s.0 != EMPTY_KEY) {
+            survivors.push(*slot);
+            slot.0 = EMPTY_KEY;
+        }
+        self.len = survivors.len();
+        let mask = self.slots.len().wrapping_sub(1);
+        for (k, v) in survivors {
+            let mut i = self.home(k);
+            while self.slots[i].0 != EMPTY_KEY {
+                i = (i + 1) & mask;
+            }
+            self.slots[i] = (k, v);
         }
     }
 
