@@ -268,6 +268,8 @@ mod tests {
         Insert(u64, u16),
         Remove(u64),
         RetainOdd,
+        /// Drops one key through `retain` (its few-departures path).
+        RetainNot(u64),
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -276,8 +278,9 @@ mod tests {
         let key = prop_oneof![0u64..64, Just(0u64), any::<u64>()];
         prop_oneof![
             4 => (key.clone(), any::<u16>()).prop_map(|(k, v)| Op::Insert(k, v)),
-            3 => key.prop_map(Op::Remove),
+            3 => key.clone().prop_map(Op::Remove),
             1 => Just(Op::RetainOdd),
+            1 => key.prop_map(Op::RetainNot),
         ]
     }
 
@@ -300,6 +303,10 @@ mod tests {
                     Op::RetainOdd => {
                         m.retain(|k, _| k % 2 == 1);
                         oracle.retain(|k, _| k % 2 == 1);
+                    }
+                    Op::RetainNot(x) => {
+                        m.retain(|k, _| k != x);
+                        oracle.retain(|k, _| *k != x);
                     }
                 }
                 prop_assert_eq!(m.len(), oracle.len());
