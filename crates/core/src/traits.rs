@@ -68,7 +68,7 @@ pub trait CacheEventSink: Send + Sync {
     fn apply(&self, event: &CacheEvent) -> Result<(), Error>;
 
     /// Applies events in order, returning how many were refused. Sinks that
-    /// can batch (one lock per shard touched) override this.
+    /// can batch override this.
     fn apply_all(&self, events: &[CacheEvent]) -> usize {
         events.iter().filter(|e| self.apply(e).is_err()).count()
     }
