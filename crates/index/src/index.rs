@@ -254,8 +254,8 @@ fn plan_after(at: u32, h: Hint, hi: u32) -> Plan {
     if run == 0 {
         return Plan::Halve;
     }
-    let end = at + run;
-    if !h.is_open() || end == at + 1 {
+    let end = at.saturating_add(run);
+    if !h.is_open() || run == 1 {
         // A change seen, or an event that ended here with nothing stored
         // after it: most likely pods stop right there.
         Plan::At(end.min(hi))
