@@ -35,6 +35,11 @@ pub struct IndexConfig {
     /// refuse an orphan store). Off by default: `router-events` already
     /// checks parents in engine hashes and asks for a replay.
     pub validate_parents: bool,
+    /// Chains at least this long open their search with block 0 and the
+    /// deepest block read as one pair (their misses overlap); shorter ones
+    /// read block 0 alone first, since on a trace most short requests
+    /// share nothing and a miss there ends the search in one probe.
+    pub paired_opening_from: usize,
 }
 
 impl Default for IndexConfig {
@@ -45,6 +50,7 @@ impl Default for IndexConfig {
             sweep_threads: 1,
             linear_span: 4,
             validate_parents: false,
+            paired_opening_from: 64,
         }
     }
 }
@@ -71,6 +77,12 @@ impl IndexConfig {
     /// Sets [`IndexConfig::linear_span`].
     pub fn linear_span(mut self, n: usize) -> Self {
         self.linear_span = n;
+        self
+    }
+
+    /// Sets [`IndexConfig::paired_opening_from`].
+    pub fn paired_opening_from(mut self, blocks: usize) -> Self {
+        self.paired_opening_from = blocks;
         self
     }
 
@@ -164,10 +176,6 @@ struct Counters {
     sweeps_completed: AtomicU64,
     blocks_swept: AtomicU64,
 }
-
-/// Chains at least this long open with block 0 and the deepest block as one
-/// pair; shorter ones probe block 0 alone first.
-const PAIRED_OPENING_MIN: usize = 64;
 
 /// Candidate pods of one search interval: blocks `lo..hi` still undecided.
 type Interval<const W: usize> = (u32, u32, HostBitmap<W>);
@@ -807,8 +815,10 @@ impl<const W: usize> Index<W> {
         // 0 alone first, since a miss there ends the search, and on a
         // trace most short requests share nothing (56% of W3's queries:
         // alone first, W3's p50 went from 143-246 to 109-119 ns, while W1's
-        // 128-block chains lost 10% without the pair).
-        let (first, hint0, full, mut probes) = if n >= PAIRED_OPENING_MIN {
+        // 128-block chains lost 10% without the pair). Block 0 is read no
+        // later than the deepest block either way, which is what makes a
+        // store written last to first appear whole or not at all.
+        let (first, hint0, full, mut probes) = if n >= self.config.paired_opening_from {
             let [(first, hint0), (last, _)] =
                 self.probe_pair(chain.hash_at(0), chain.hash_at(n - 1), &alive);
             (first, hint0, last.and(&first), 2)

@@ -44,7 +44,7 @@
 //!   per halving step.
 //! - **A store is seen whole or not at all** by a query that reads its first
 //!   and last blocks: blocks are written last to first, and a query reads
-//!   block 0 and the deepest block under both shard locks.
+//!   block 0 no later than the deepest block.
 //! - **Tiers off the hot path**: shards hold presence only; per-pod tier
 //!   records exist only for blocks not held in exactly {GPU}, and a pod's
 //!   bit clears when a block leaves its last tier.

@@ -104,13 +104,25 @@ fn two_shard_chain() -> [BlockHash; 2] {
 
 /// A query racing a store of a whole run over two shards sees the run
 /// whole or not at all: the writer puts block 0 in last, and the query
-/// reads block 0 and the deepest block together (both shard locks held,
-/// taken in shard order). A second query racing a writer of the other
-/// pod, in the other lock order of the chain, cannot deadlock.
+/// reads block 0 no later than the deepest block, either alone first or
+/// both together (both shard locks held, taken in shard order). A second
+/// query racing a writer of the other pod, in the other lock order of the
+/// chain, cannot deadlock.
 #[test]
 fn loom_a_query_sees_a_racing_store_whole_or_not_at_all() {
-    loom::model(|| {
-        let index = Index::<1>::new(IndexConfig::default().shard_bits(1).background_sweep(false));
+    for paired in [0, usize::MAX] {
+        racing_store_model(paired);
+    }
+}
+
+fn racing_store_model(paired_opening_from: usize) {
+    loom::model(move || {
+        let index = Index::<1>::new(
+            IndexConfig::default()
+                .shard_bits(1)
+                .background_sweep(false)
+                .paired_opening_from(paired_opening_from),
+        );
         let a = index.join(&key("a")).unwrap();
         let b = index.join(&key("b")).unwrap();
         let chain = two_shard_chain();
