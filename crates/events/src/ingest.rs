@@ -243,7 +243,13 @@ impl<H: BlockHasher, S: CacheEventSink> Ingestor<H, S> {
     }
 
     fn send(&mut self, event: CacheEvent) {
-        match self.sink.apply(&event) {
+        let applied = self.sink.apply(&event);
+        self.count(applied);
+    }
+
+    /// Counts what the sink did with an event.
+    fn count(&mut self, applied: Result<(), router_core::Error>) {
+        match applied {
             Ok(()) => self.stats.events_applied += 1,
             Err(_) => self.stats.sink_refused += 1,
         }
@@ -274,9 +280,6 @@ impl<H: BlockHasher, S: CacheEventSink> Ingestor<H, S> {
             return;
         }
         let state = self.pods.entry(pod).or_default();
-        // The parent block in router hashes, for the index (`None` for a
-        // chain's first blocks, whose parent is the namespace's root).
-        let mut first_parent = None;
         let mut parent = match s.parent_block_hash {
             None => {
                 let mut ns = Namespace::default();
@@ -286,10 +289,7 @@ impl<H: BlockHasher, S: CacheEventSink> Ingestor<H, S> {
                 self.hasher.root(&ns)
             }
             Some(ph) => match state.blocks.get(&ph) {
-                Some(k) => {
-                    first_parent = Some(k.router);
-                    k.router
-                }
+                Some(k) => k.router,
                 None => {
                     state.needs_resync = true;
                     self.stats.unknown_parent += 1;
@@ -297,6 +297,9 @@ impl<H: BlockHasher, S: CacheEventSink> Ingestor<H, S> {
                 }
             },
         };
+        // The parent block in router hashes, for the index (`None` for a
+        // chain's first blocks, whose parent is the namespace's root).
+        let first_parent = s.parent_block_hash.map(|_| parent);
         // Do not assume one full block of tokens per hash (vLLM issue
         // 44451): hash the blocks the tokens cover, count the rest.
         let covered = (s.token_ids.len() / bs).min(s.block_hashes.len());
@@ -335,10 +338,8 @@ impl<H: BlockHasher, S: CacheEventSink> Ingestor<H, S> {
         }
         self.stats.blocks_stored += self.scratch.len() as u64;
         let blocks = std::mem::take(&mut self.scratch);
-        match self.sink.apply_stored(pod, tier, first_parent, blocks) {
-            Ok(()) => self.stats.events_applied += 1,
-            Err(_) => self.stats.sink_refused += 1,
-        }
+        let applied = self.sink.apply_stored(pod, tier, first_parent, blocks);
+        self.count(applied);
         // After the store: a hash reused within this very chain replaced a
         // block the store just put in.
         for (old, tiers) in replaced {

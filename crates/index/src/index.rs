@@ -397,7 +397,6 @@ impl<const W: usize> Index<W> {
         &self,
         pod: PodId,
         parent: Option<BlockHash>,
-        validate_parent: bool,
         blocks: &[BlockHash],
         mut f: impl for<'a> FnMut(
             &'a mut ShardInner<W>,
@@ -409,7 +408,7 @@ impl<const W: usize> Index<W> {
         let (slot, st) = self.live_slot(pod)?;
         let live = state(pod.epoch(), LIVE);
         let mut ps = slot.pod.lock();
-        if let Some(BlockHash(p)) = parent.filter(|_| validate_parent) {
+        if let Some(BlockHash(p)) = parent.filter(|_| self.config.validate_parents) {
             // Under the pod's event lock, so no event of this pod can take
             // the parent away between the check and the store.
             let sh = self.shard(p).read();
@@ -495,40 +494,34 @@ impl<const W: usize> Index<W> {
     ) -> Result<(), Error> {
         let s = pod.slot();
         let tier_bit = 1u8 << tier as u8;
-        self.write_blocks(
-            pod,
-            parent,
-            self.config.validate_parents,
-            blocks,
-            |sh, added, ps, h| {
-                let ShardInner {
-                    map,
-                    slab,
-                    residencies,
-                } = sh;
-                let entry = map.get_or_insert(h);
-                let newly = entry.insert(slab, s);
-                if newly {
-                    *residencies += 1;
-                    *added += 1;
+        self.write_blocks(pod, parent, blocks, |sh, added, ps, h| {
+            let ShardInner {
+                map,
+                slab,
+                residencies,
+            } = sh;
+            let entry = map.get_or_insert(h);
+            let newly = entry.insert(slab, s);
+            if newly {
+                *residencies += 1;
+                *added += 1;
+            }
+            // A fleet with one tier keeps no records and skips this.
+            if tier != Tier::Gpu || !ps.tiers.is_empty() {
+                let current = if newly {
+                    0
+                } else {
+                    ps.tiers.get(&h).copied().unwrap_or(TIER_BITS_GPU)
+                };
+                let mask = current | tier_bit;
+                if mask == TIER_BITS_GPU {
+                    ps.tiers.remove(&h);
+                } else {
+                    ps.tiers.insert(h, mask);
                 }
-                // A fleet with one tier keeps no records and skips this.
-                if tier != Tier::Gpu || !ps.tiers.is_empty() {
-                    let current = if newly {
-                        0
-                    } else {
-                        ps.tiers.get(&h).copied().unwrap_or(TIER_BITS_GPU)
-                    };
-                    let mask = current | tier_bit;
-                    if mask == TIER_BITS_GPU {
-                        ps.tiers.remove(&h);
-                    } else {
-                        ps.tiers.insert(h, mask);
-                    }
-                }
-                Some((entry, &*slab))
-            },
-        )
+            }
+            Some((entry, &*slab))
+        })
     }
 
     /// Records that `pod` dropped `blocks` from `tier` (a
@@ -536,7 +529,7 @@ impl<const W: usize> Index<W> {
     pub fn remove(&self, pod: PodId, tier: Tier, blocks: &[BlockHash]) -> Result<(), Error> {
         let s = pod.slot();
         let tier_bit = 1u8 << tier as u8;
-        self.write_blocks(pod, None, false, blocks, |sh, added, ps, h| {
+        self.write_blocks(pod, None, blocks, |sh, added, ps, h| {
             let ShardInner {
                 map,
                 slab,
@@ -818,19 +811,19 @@ impl<const W: usize> Index<W> {
         // 128-block chains lost 10% without the pair). Block 0 is read no
         // later than the deepest block either way, which is what makes a
         // store written last to first appear whole or not at all.
-        let (first, hint0, full, mut probes) = if n >= self.config.paired_opening_from {
+        let (first, hint0, full) = if n >= self.config.paired_opening_from {
             let [(first, hint0), (last, _)] =
                 self.probe_pair(chain.hash_at(0), chain.hash_at(n - 1), &alive);
-            (first, hint0, last.and(&first), 2)
+            (first, hint0, last.and(&first))
         } else {
             let (first, hint0) = self.probe_hint(chain.hash_at(0), &alive);
             if first.is_empty() {
                 out.add_probes(1);
                 return;
             }
-            let full = self.probe(chain.hash_at(n - 1), &first);
-            (first, hint0, full, 2)
+            (first, hint0, self.probe(chain.hash_at(n - 1), &first))
         };
+        let mut probes = 2;
         if first.is_empty() {
             out.add_probes(probes);
             return;

@@ -69,21 +69,22 @@ impl BlockMap {
     /// The holders of `key`.
     #[inline]
     pub(crate) fn get(&self, key: u64) -> Option<&Holders> {
-        if key == EMPTY_KEY {
-            return self.zero.as_ref();
+        match self.find(key)? {
+            ZERO_AT => self.zero.as_ref(),
+            i => Some(&self.slots[i].1),
         }
-        let mask = self.slots.len().wrapping_sub(1);
-        let mut i = router_core::mix64(key) as usize & mask;
-        while let Some((k, h)) = self.slots.get(i) {
-            if *k == key {
-                return Some(h);
-            }
-            if *k == EMPTY_KEY {
-                return None;
-            }
+    }
+
+    /// The first empty slot from `key`'s home: where a key known to be
+    /// absent goes.
+    #[inline]
+    fn vacancy(&self, key: u64) -> usize {
+        let mask = self.slots.len() - 1;
+        let mut i = self.home(key);
+        while self.slots[i].0 != EMPTY_KEY {
             i = (i + 1) & mask;
         }
-        None
+        i
     }
 
     /// The holders at a position [`BlockMap::find`] returned.
@@ -136,16 +137,11 @@ impl BlockMap {
     /// Places the entries of `old` in a new array of `n` slots.
     fn place_all(&mut self, n: usize, old: Vec<(u64, Holders)>) {
         self.slots = vec![(EMPTY_KEY, Holders::EMPTY); n];
-        let mask = n - 1;
         for (k, v) in old {
-            if k == EMPTY_KEY {
-                continue;
+            if k != EMPTY_KEY {
+                let i = self.vacancy(k);
+                self.slots[i] = (k, v);
             }
-            let mut i = self.home(k);
-            while self.slots[i].0 != EMPTY_KEY {
-                i = (i + 1) & mask;
-            }
-            self.slots[i] = (k, v);
         }
     }
 
@@ -191,9 +187,10 @@ impl BlockMap {
 
     /// Keeps the entries for which `keep` returns true (it may change them).
     /// A few departures are removed one by one (each shifting its run
-    /// back); many (a sweep may empty most of a shard) are handled by
-    /// placing the survivors again in the cleared array, one pass. The
-    /// array keeps its size, as hashbrown's does.
+    /// back); after many (a sweep may empty most of a shard) the survivors
+    /// are placed again in the cleared array, which costs passes over the
+    /// array rather than a shift per departure. The array keeps its size,
+    /// as hashbrown's does.
     pub(crate) fn retain(&mut self, mut keep: impl FnMut(u64, &mut Holders) -> bool) {
         if let Some(h) = self.zero.as_mut()
             && !keep(EMPTY_KEY, h)
@@ -226,12 +223,8 @@ impl BlockMap {
             slot.0 = EMPTY_KEY;
         }
         self.len = survivors.len();
-        let mask = self.slots.len().wrapping_sub(1);
         for (k, v) in survivors {
-            let mut i = self.home(k);
-            while self.slots[i].0 != EMPTY_KEY {
-                i = (i + 1) & mask;
-            }
+            let i = self.vacancy(k);
             self.slots[i] = (k, v);
         }
     }
