@@ -806,9 +806,8 @@ impl<const W: usize> Index<W> {
         // shared prompts) are settled by these two. On long chains both go
         // as one pair, their misses overlapping; a short chain probes block
         // 0 alone first, since a miss there ends the search, and on a
-        // trace most short requests share nothing (56% of W3's queries:
-        // alone first, W3's p50 went from 143-246 to 109-119 ns, while W1's
-        // 128-block chains lost 10% without the pair). Block 0 is read no
+        // trace most short requests share nothing (56% of W3's queries; see
+        // docs/BENCHMARKS.md for what each choice costs). Block 0 is read no
         // later than the deepest block either way, which is what makes a
         // store written last to first appear whole or not at all.
         let (first, hint0, full) = if n >= self.config.paired_opening_from {
