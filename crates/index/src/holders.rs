@@ -14,7 +14,9 @@
 //! bits are the run hint (see [`Holders::hint`]); changing the holders
 //! keeps it.
 
+use crate::array::{Bin, Line, Lines, WORDS, word};
 use crate::bitmap::HostBitmap;
+use crate::sync::{Guard, Ordering};
 
 const EMPTY_LANE: u16 = 0xFFF;
 const SLAB_TAG: u16 = 0xFFE;
@@ -31,49 +33,159 @@ const DEMOTE_AT: u32 = 2;
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) struct Holders(u64);
 
-/// The shard's store of full bitmaps for widely held blocks.
+/// The shard's store of full bitmaps for widely held blocks: the words
+/// readers see. Bitmap `i` is words `i * W .. (i + 1) * W` of the array.
 #[derive(Debug, Default)]
 pub(crate) struct Slab<const W: usize> {
-    bitmaps: Vec<HostBitmap<W>>,
+    lines: Lines,
+}
+
+/// The writer's side of a [`Slab`], behind the shard lock.
+#[derive(Debug, Default)]
+pub(crate) struct SlabState {
+    /// Bitmaps handed out (live or free).
+    len: u32,
     free: Vec<u32>,
+    bin: Bin,
+}
+
+/// Where [`Holders`] read the bitmaps of slab records.
+pub(crate) trait Bitmaps<const W: usize> {
+    /// Bitmap `i` (empty past the array's end, which only a torn read of a
+    /// racing write can name; the reader's sequence check rejects it).
+    fn bitmap(&self, i: u32) -> HostBitmap<W>;
+}
+
+fn read_bitmap<const W: usize>(lines: &[Line], i: u32, ordering: Ordering) -> HostBitmap<W> {
+    let base = i as usize * W;
+    if base + W > lines.len() * WORDS {
+        return HostBitmap::EMPTY;
+    }
+    HostBitmap::from_words(std::array::from_fn(|k| {
+        word(lines, base + k).map_or(0, |w| w.load(ordering))
+    }))
+}
+
+/// A reader's view of a slab, inside its pinned epoch.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SlabRead<'g> {
+    lines: &'g [Line],
 }
 
 impl<const W: usize> Slab<W> {
-    fn alloc(&mut self, b: HostBitmap<W>) -> u32 {
-        match self.free.pop() {
-            Some(i) => {
-                self.bitmaps[i as usize] = b;
-                i
-            }
-            None => {
-                self.bitmaps.push(b);
-                // A shard holds far fewer than 2^32 widely shared blocks;
-                // the slab length is bounded by the shard's entry count.
-                (self.bitmaps.len() - 1) as u32
+    /// The reader's view.
+    #[inline]
+    pub(crate) fn read<'g>(&self, guard: &'g Guard) -> SlabRead<'g> {
+        SlabRead {
+            lines: self.lines.load(guard),
+        }
+    }
+
+    /// The writer's view, for the holder of the shard lock and its state.
+    pub(crate) fn write<'a>(&'a self, st: &'a mut SlabState) -> SlabMut<'a, W> {
+        SlabMut { slab: self, st }
+    }
+
+    /// Bitmaps in use.
+    pub(crate) fn live(&self, st: &SlabState) -> usize {
+        (st.len as usize) - st.free.len()
+    }
+
+    /// Bytes allocated.
+    pub(crate) fn bytes(&self, st: &SlabState) -> usize {
+        std::mem::size_of_val(self.lines.locked(&st.bin))
+            + st.free.capacity() * std::mem::size_of::<u32>()
+    }
+}
+
+impl<const W: usize> Bitmaps<W> for SlabRead<'_> {
+    #[inline]
+    fn bitmap(&self, i: u32) -> HostBitmap<W> {
+        read_bitmap(self.lines, i, Ordering::Acquire)
+    }
+}
+
+/// A [`Slab`] open for writing: only under the shard lock.
+#[derive(Debug)]
+pub(crate) struct SlabMut<'a, const W: usize> {
+    slab: &'a Slab<W>,
+    st: &'a mut SlabState,
+}
+
+impl<const W: usize> Bitmaps<W> for SlabMut<'_, W> {
+    #[inline]
+    fn bitmap(&self, i: u32) -> HostBitmap<W> {
+        read_bitmap(self.slab.lines.locked(&self.st.bin), i, Ordering::Relaxed)
+    }
+}
+
+impl<const W: usize> SlabMut<'_, W> {
+    fn set(&mut self, i: u32, b: HostBitmap<W>) {
+        let lines = self.slab.lines.locked(&self.st.bin);
+        for (k, &w) in b.words().iter().enumerate() {
+            if let Some(a) = word(lines, i as usize * W + k) {
+                a.store(w, Ordering::Release);
             }
         }
     }
 
+    fn alloc(&mut self, b: HostBitmap<W>) -> u32 {
+        let i = match self.st.free.pop() {
+            Some(i) => i,
+            None => {
+                let i = self.st.len;
+                let need = (i as usize + 1) * W;
+                let have = self.slab.lines.locked(&self.st.bin).len();
+                if need > have * WORDS {
+                    let lines = (have * 2).max(need.div_ceil(WORDS).next_power_of_two());
+                    self.slab
+                        .lines
+                        .replace(&mut self.st.bin, lines, |old, new| {
+                            for (o, n) in old.iter().zip(new) {
+                                for (a, b) in o.0.iter().zip(&n.0) {
+                                    b.store(a.load(Ordering::Relaxed), Ordering::Relaxed);
+                                }
+                            }
+                        });
+                }
+                // A shard holds far fewer than 2^32 widely shared blocks;
+                // the slab length is bounded by the shard's entry count.
+                self.st.len += 1;
+                i
+            }
+        };
+        self.set(i, b);
+        i
+    }
+
     fn release(&mut self, i: u32) {
-        self.bitmaps[i as usize] = HostBitmap::EMPTY;
-        self.free.push(i);
+        self.set(i, HostBitmap::EMPTY);
+        self.st.free.push(i);
     }
 
     /// Bitmaps in use.
+    #[cfg(test)]
     pub(crate) fn live(&self) -> usize {
-        self.bitmaps.len() - self.free.len()
-    }
-
-    /// Bytes allocated.
-    pub(crate) fn bytes(&self) -> usize {
-        self.bitmaps.capacity() * std::mem::size_of::<HostBitmap<W>>()
-            + self.free.capacity() * std::mem::size_of::<u32>()
+        self.slab.live(self.st)
     }
 }
 
 impl Holders {
     /// No pod, no hint.
     pub(crate) const EMPTY: Holders = Holders(NO_LANES);
+
+    /// The encoded word, as the map stores it.
+    #[inline]
+    pub(crate) fn raw(self) -> u64 {
+        self.0
+    }
+
+    /// Holders from a word [`Holders::raw`] gave (or a torn read of one:
+    /// any word decodes to some holders).
+    #[inline]
+    pub(crate) fn from_raw(w: u64) -> Self {
+        Holders(w)
+    }
 
     #[inline]
     fn lanes(self) -> [u16; 4] {
@@ -135,9 +247,9 @@ impl Holders {
 
     /// The holders as a bitmap.
     #[inline]
-    pub(crate) fn to_bitmap<const W: usize>(self, slab: &Slab<W>) -> HostBitmap<W> {
+    pub(crate) fn to_bitmap<const W: usize>(self, slab: &impl Bitmaps<W>) -> HostBitmap<W> {
         match self.slab_index() {
-            Some(i) => slab.bitmaps[i as usize],
+            Some(i) => slab.bitmap(i),
             None => {
                 let mut b = HostBitmap::EMPTY;
                 for l in self.lanes() {
@@ -154,11 +266,11 @@ impl Holders {
     #[inline]
     pub(crate) fn and<const W: usize>(
         self,
-        slab: &Slab<W>,
+        slab: &impl Bitmaps<W>,
         candidates: &HostBitmap<W>,
     ) -> HostBitmap<W> {
         match self.slab_index() {
-            Some(i) => slab.bitmaps[i as usize].and(candidates),
+            Some(i) => slab.bitmap(i).and(candidates),
             None => {
                 let mut b = HostBitmap::EMPTY;
                 for l in self.lanes() {
@@ -172,26 +284,31 @@ impl Holders {
     }
 
     /// Whether `slot` holds the block.
-    pub(crate) fn contains<const W: usize>(self, slab: &Slab<W>, slot: u16) -> bool {
+    pub(crate) fn contains<const W: usize>(self, slab: &impl Bitmaps<W>, slot: u16) -> bool {
         match self.slab_index() {
-            Some(i) => slab.bitmaps[i as usize].contains(slot as usize),
+            Some(i) => slab.bitmap(i).contains(slot as usize),
             None => self.lanes().contains(&slot),
         }
     }
 
     /// The number of pods holding the block.
     #[cfg(test)]
-    pub(crate) fn count<const W: usize>(self, slab: &Slab<W>) -> u32 {
+    pub(crate) fn count<const W: usize>(self, slab: &impl Bitmaps<W>) -> u32 {
         match self.slab_index() {
-            Some(i) => slab.bitmaps[i as usize].count(),
+            Some(i) => slab.bitmap(i).count(),
             None => self.lanes().iter().filter(|&&l| l != EMPTY_LANE).count() as u32,
         }
     }
 
     /// Adds `slot`; returns whether it was absent.
-    pub(crate) fn insert<const W: usize>(&mut self, slab: &mut Slab<W>, slot: u16) -> bool {
+    pub(crate) fn insert<const W: usize>(&mut self, slab: &mut SlabMut<'_, W>, slot: u16) -> bool {
         if let Some(i) = self.slab_index() {
-            return slab.bitmaps[i as usize].insert(slot as usize);
+            let mut b = slab.bitmap(i);
+            let new = b.insert(slot as usize);
+            if new {
+                slab.set(i, b);
+            }
+            return new;
         }
         let mut lanes = self.lanes();
         if lanes.contains(&slot) {
@@ -209,7 +326,7 @@ impl Holders {
     }
 
     /// Removes `slot`; returns whether it was present.
-    pub(crate) fn remove<const W: usize>(&mut self, slab: &mut Slab<W>, slot: u16) -> bool {
+    pub(crate) fn remove<const W: usize>(&mut self, slab: &mut SlabMut<'_, W>, slot: u16) -> bool {
         let mut mask = HostBitmap::EMPTY;
         mask.insert(slot as usize);
         self.remove_mask(slab, &mask) == 1
@@ -219,12 +336,12 @@ impl Holders {
     /// emptied slab record releases its bitmap.
     pub(crate) fn remove_mask<const W: usize>(
         &mut self,
-        slab: &mut Slab<W>,
+        slab: &mut SlabMut<'_, W>,
         mask: &HostBitmap<W>,
     ) -> u32 {
         match self.slab_index() {
             Some(i) => {
-                let before = slab.bitmaps[i as usize];
+                let before = slab.bitmap(i);
                 let after = before.and_not(mask);
                 let removed = before.count() - after.count();
                 if after.count() <= DEMOTE_AT {
@@ -234,8 +351,8 @@ impl Holders {
                         *lane = s as u16;
                     }
                     *self = self.with_lanes(lanes);
-                } else {
-                    slab.bitmaps[i as usize] = after;
+                } else if removed > 0 {
+                    slab.set(i, after);
                 }
                 removed
             }
@@ -261,7 +378,8 @@ mod tests {
 
     #[test]
     fn grows_into_the_slab_and_shrinks_back() {
-        let mut slab = Slab::<4>::default();
+        let (slab, mut st) = (Slab::<4>::default(), SlabState::default());
+        let mut slab = slab.write(&mut st);
         let mut h = Holders::EMPTY;
         assert!(h.is_empty());
         for s in [3u16, 200, 7, 255] {
@@ -291,7 +409,8 @@ mod tests {
 
     #[test]
     fn the_hint_survives_every_change_of_holders() {
-        let mut slab = Slab::<16>::default();
+        let (slab, mut st) = (Slab::<16>::default(), SlabState::default());
+        let mut slab = slab.write(&mut st);
         let mut h = Holders::EMPTY;
         assert_eq!(h.hint(), 0);
         h.set_hint(0xBEEF);
@@ -321,8 +440,10 @@ mod tests {
 
     #[test]
     fn inline_and_matches_bitmap_and() {
-        let slab = Slab::<16>::default();
-        let mut s2 = Slab::<16>::default();
+        let (s1, mut st1) = (Slab::<16>::default(), SlabState::default());
+        let slab = s1.write(&mut st1);
+        let (s2, mut st2) = (Slab::<16>::default(), SlabState::default());
+        let mut s2 = s2.write(&mut st2);
         let mut h = Holders::EMPTY;
         for s in [0u16, 1023, 512] {
             h.insert(&mut s2, s);

@@ -10,9 +10,10 @@ use router_core::{
 use smallvec::SmallVec;
 
 use crate::bitmap::HostBitmap;
-use crate::holders::{Holders, Slab};
-use crate::shard::{Shard, ShardInner, shard_of};
-use crate::sync::{AtomicU64, Mutex, Ordering, RwLock};
+use crate::holders::Holders;
+
+use crate::shard::{Shard, ShardCore, ShardWrite, shard_of};
+use crate::sync::{AtomicU64, Guard, Mutex, Ordering, pin};
 
 /// How an [`Index`] is laid out and run.
 #[derive(Clone, Debug)]
@@ -312,7 +313,7 @@ impl<const W: usize> Index<W> {
             ..config
         };
         let shards = (0..1usize << config.shard_bits)
-            .map(|_| Shard::new(RwLock::new(ShardInner::default())))
+            .map(|_| Shard::new(ShardCore::default()))
             .collect();
         let slots = (0..HostBitmap::<W>::CAPACITY)
             .map(|_| Slot {
@@ -393,17 +394,25 @@ impl<const W: usize> Index<W> {
     /// its hint extended over this event. Backwards also means a concurrent
     /// query, which starts from block 0, sees a stored run only once it is
     /// whole.
+    ///
+    /// With `skip_held` (a GPU store), a block the pod already holds, whose
+    /// hint would not change, is checked by a lock-free read and left
+    /// alone: engines repeat most of what they store (a prompt's shared
+    /// prefix is stored again with every request that extends it), and the
+    /// read costs no lock and writes no line. A block with tier records
+    /// takes the locked path, which keeps them.
     fn write_blocks(
         &self,
         pod: PodId,
         parent: Option<BlockHash>,
+        skip_held: bool,
         blocks: &[BlockHash],
-        mut f: impl for<'a> FnMut(
-            &'a mut ShardInner<W>,
+        mut f: impl FnMut(
+            &mut ShardWrite<'_, W>,
             &mut i64,
             &mut PodState,
             u64,
-        ) -> Option<(&'a mut Holders, &'a Slab<W>)>,
+        ) -> Option<(usize, Holders)>,
     ) -> Result<(), Error> {
         let (slot, st) = self.live_slot(pod)?;
         let live = state(pod.epoch(), LIVE);
@@ -411,13 +420,9 @@ impl<const W: usize> Index<W> {
         if let Some(BlockHash(p)) = parent.filter(|_| self.config.validate_parents) {
             // Under the pod's event lock, so no event of this pod can take
             // the parent away between the check and the store.
-            let sh = self.shard(p).read();
-            let held = sh
-                .map
-                .get(p)
-                .is_some_and(|h| h.contains(&sh.slab, pod.slot()));
-            if !held {
-                drop(sh);
+            let me = HostBitmap::<W>::single(pod.slot() as usize);
+            let (held, _) = self.shard(p).look(&pin(), p, &me);
+            if held.is_empty() {
                 self.counters.skipped_parent.fetch_add(1, Ordering::Relaxed);
                 return Err(Error::UnknownParent {
                     pod,
@@ -440,8 +445,28 @@ impl<const W: usize> Index<W> {
                     .fetch_sub(added.unsigned_abs(), Ordering::Relaxed);
             }
         };
+        let skip_held = skip_held && ps.tiers.is_empty();
+        // Whether to try the lock-free check on this block: after a block
+        // the pod turned out to hold already, until a check fails. New
+        // blocks (an event's tail, typically) so skip the check, which for
+        // them would be a wasted lookup before the locked one.
+        let mut try_skip = false;
+        let guard = pin();
+        let me = pod.slot() as usize;
         for &BlockHash(h) in blocks.iter().rev() {
-            let mut guard = self.shard(h).write();
+            if try_skip {
+                if let Some(seen) = self.unchanged(&guard, h, me, next.as_ref(), after_end) {
+                    if st.load(Ordering::Acquire) != live {
+                        count(added);
+                        self.counters.skipped_dead.fetch_add(1, Ordering::Relaxed);
+                        return Err(Error::PodShutDown(pod));
+                    }
+                    next = Some(seen);
+                    after_end = false;
+                    continue;
+                }
+            }
+            let mut w = self.shard(h).write();
             // Invariant: a write checks liveness under the shard lock. A
             // sweep locks every shard after the pod left, so either it sees
             // this write's bits, or this write sees the pod gone.
@@ -450,26 +475,64 @@ impl<const W: usize> Index<W> {
                 self.counters.skipped_dead.fetch_add(1, Ordering::Relaxed);
                 return Err(Error::PodShutDown(pod));
             }
-            // `f` hands back the block's entry if one is left.
-            next = f(&mut guard, &mut added, &mut ps, h).map(|(e, slab)| {
-                let set = e.to_bitmap(slab);
+            // `f` hands back the position of the block's entry if one is
+            // left, and its new holders, stored here with their hint.
+            let gained = added;
+            next = f(&mut w, &mut added, &mut ps, h).map(|(at, mut e)| {
+                let (mut map, slab, _) = w.parts();
+                let set = e.to_bitmap(&slab);
                 let hint = Hint::before(next.as_ref(), &set, after_end);
                 e.set_hint(hint.0);
+                map.set(at, e);
                 (set, hint)
             });
+            try_skip = skip_held && added == gained;
             after_end = false;
         }
-        if let (Some(BlockHash(p)), Some((set, hint))) = (parent, next) {
-            let mut guard = self.shard(p).write();
-            let sh = &mut *guard;
-            if let Some(e) = sh.map.get_mut(p) {
-                let mine = e.to_bitmap(&sh.slab);
+        if let (Some(BlockHash(p)), Some((set, hint))) = (parent, next)
+            && !self.parent_hint_holds(&guard, p, &(set, hint))
+        {
+            let mut w = self.shard(p).write();
+            let (mut map, slab, _) = w.parts();
+            if let Some(at) = map.find(p) {
+                let mut e = map.get(at);
+                let mine = e.to_bitmap(&slab);
                 e.set_hint(Hint::before(Some(&(set, hint)), &mine, false).0);
+                map.set(at, e);
             }
         }
         count(added);
         self.counters.events_applied.fetch_add(1, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// A validated lock-free read of block `h`: its holders and hint if
+    /// `slot` holds it and the hint a write would give it (after `next`)
+    /// is the one it has, so writing would change nothing.
+    fn unchanged(
+        &self,
+        guard: &Guard,
+        h: u64,
+        slot: usize,
+        next: Option<&(HostBitmap<W>, Hint)>,
+        event_end: bool,
+    ) -> Option<(HostBitmap<W>, Hint)> {
+        let sh = self.shard(h);
+        let s = sh.begin_check()?;
+        let (set, raw) = sh.entry_unchecked(guard, h);
+        let hint = Hint::before(next, &set, event_end);
+        (set.contains(slot) && hint.0 == raw && sh.still_check(s)).then_some((set, hint))
+    }
+
+    /// Whether the parent `p` already has the hint a store after it would
+    /// give it (so its shard need not be locked).
+    fn parent_hint_holds(&self, guard: &Guard, p: u64, next: &(HostBitmap<W>, Hint)) -> bool {
+        let sh = self.shard(p);
+        let Some(s) = sh.begin_check() else {
+            return false;
+        };
+        let (mine, raw) = sh.entry_unchecked(guard, p);
+        !mine.is_empty() && Hint::before(Some(next), &mine, false).0 == raw && sh.still_check(s)
     }
 
     /// Records that `pod` holds `blocks` in `tier` (a `CacheEvent::Stored`
@@ -494,14 +557,11 @@ impl<const W: usize> Index<W> {
     ) -> Result<(), Error> {
         let s = pod.slot();
         let tier_bit = 1u8 << tier as u8;
-        self.write_blocks(pod, parent, blocks, |sh, added, ps, h| {
-            let ShardInner {
-                map,
-                slab,
-                residencies,
-            } = sh;
-            let entry = map.get_or_insert(h);
-            let newly = entry.insert(slab, s);
+        self.write_blocks(pod, parent, tier == Tier::Gpu, blocks, |w, added, ps, h| {
+            let (mut map, mut slab, residencies) = w.parts();
+            let at = map.insert(h);
+            let mut entry = map.get(at);
+            let newly = entry.insert(&mut slab, s);
             if newly {
                 *residencies += 1;
                 *added += 1;
@@ -520,7 +580,7 @@ impl<const W: usize> Index<W> {
                     ps.tiers.insert(h, mask);
                 }
             }
-            Some((entry, &*slab))
+            Some((at, entry))
         })
     }
 
@@ -529,20 +589,16 @@ impl<const W: usize> Index<W> {
     pub fn remove(&self, pod: PodId, tier: Tier, blocks: &[BlockHash]) -> Result<(), Error> {
         let s = pod.slot();
         let tier_bit = 1u8 << tier as u8;
-        self.write_blocks(pod, None, blocks, |sh, added, ps, h| {
-            let ShardInner {
-                map,
-                slab,
-                residencies,
-            } = sh;
+        self.write_blocks(pod, None, false, blocks, |w, added, ps, h| {
+            let (mut map, mut slab, residencies) = w.parts();
             let at = map.find(h)?;
-            let holders = map.at_mut(at);
+            let mut holders = map.get(at);
             let current = ps.tiers.get(&h).copied().unwrap_or(TIER_BITS_GPU);
             let mask = current & !tier_bit;
-            if !holders.contains(slab, s) || mask == current {
+            if !holders.contains(&slab, s) || mask == current {
                 // Not held, or not in that tier: nothing to do.
             } else if mask == 0 {
-                holders.remove(slab, s);
+                holders.remove(&mut slab, s);
                 *residencies -= 1;
                 *added -= 1;
                 ps.tiers.remove(&h);
@@ -555,7 +611,7 @@ impl<const W: usize> Index<W> {
             } else {
                 ps.tiers.insert(h, mask);
             }
-            Some((map.at_mut(at), &*slab))
+            Some((at, holders))
         })
     }
 
@@ -657,10 +713,10 @@ impl<const W: usize> Index<W> {
     pub fn stats(&self) -> IndexStats {
         let mut st = IndexStats::default();
         for shard in self.shards.iter() {
-            let sh = shard.read();
-            st.entries += sh.map.len() as u64;
-            st.residencies += sh.residencies;
-            st.bitmap_entries += sh.slab.live() as u64;
+            let mut sh = shard.write();
+            st.entries += sh.entries() as u64;
+            st.residencies += sh.residencies();
+            st.bitmap_entries += sh.bitmaps_live() as u64;
             st.bytes += sh.bytes() as u64;
         }
         for slot in self.slots.iter() {
@@ -681,37 +737,49 @@ impl<const W: usize> Index<W> {
 
     /// The pods among `candidates` holding `hash`.
     #[inline]
-    fn probe(&self, hash: u64, candidates: &HostBitmap<W>) -> HostBitmap<W> {
-        self.probe_hint(hash, candidates).0
+    fn probe(&self, g: &Guard, hash: u64, candidates: &HostBitmap<W>) -> HostBitmap<W> {
+        self.probe_hint(g, hash, candidates).0
     }
 
     /// [`Index::probe`], with the block's run hint.
     #[inline]
-    fn probe_hint(&self, hash: u64, candidates: &HostBitmap<W>) -> (HostBitmap<W>, Hint) {
-        look(&self.shard(hash).read(), hash, candidates)
+    fn probe_hint(
+        &self,
+        g: &Guard,
+        hash: u64,
+        candidates: &HostBitmap<W>,
+    ) -> (HostBitmap<W>, Hint) {
+        let (held, h) = self.shard(hash).look(g, hash, candidates);
+        (held, Hint(h))
     }
 
-    /// Two probes issued together: both shard locks are taken before either
-    /// lookup, so the two lookups' cache misses overlap instead of waiting
-    /// on each other (a lock is a locked instruction, which orders the
-    /// loads around it).
-    ///
-    /// Invariant: a reader holding two shard locks takes them in shard
-    /// order, and writers hold one shard lock at a time, so no cycle of
-    /// waiters can form (parking_lot's fair locks make a reader wait behind
-    /// a queued writer).
+    /// Two probes issued together: both sequence numbers are read before
+    /// either lookup, so the two lookups' cache misses overlap, and the
+    /// pair is a snapshot: both reads are validated, so both held over
+    /// intervals that overlap (each began before either ended). A raced
+    /// pair is read again once the writer is out.
     #[inline]
-    fn probe_pair(&self, a: u64, b: u64, cand: &HostBitmap<W>) -> [(HostBitmap<W>, Hint); 2] {
-        let (i, j) = (shard_of(a, self.shard_bits), shard_of(b, self.shard_bits));
-        if i == j {
-            let sh = self.shards[i].read();
-            return [look(&sh, a, cand), look(&sh, b, cand)];
+    fn probe_pair(
+        &self,
+        g: &Guard,
+        a: u64,
+        b: u64,
+        cand: &HostBitmap<W>,
+    ) -> [(HostBitmap<W>, Hint); 2] {
+        let (sa, sb) = (self.shard(a), self.shard(b));
+        let hint = |(held, h): (HostBitmap<W>, u16)| (held, Hint(h));
+        let mut round = 0;
+        loop {
+            if let (Some(ta), Some(tb)) = (sa.begin_read(), sb.begin_read()) {
+                let ra = sa.look_unchecked(g, a, cand);
+                let rb = sb.look_unchecked(g, b, cand);
+                if sa.still(ta) && sb.still(tb) {
+                    return [hint(ra), hint(rb)];
+                }
+            }
+            sa.wait_for_writer(&mut round);
+            sb.wait_for_writer(&mut round);
         }
-        let (first, second) = (i.min(j), i.max(j));
-        let g1 = self.shards[first].read();
-        let g2 = self.shards[second].read();
-        let (sa, sb) = if i < j { (&g1, &g2) } else { (&g2, &g1) };
-        [look(sa, a, cand), look(sb, b, cand)]
     }
 
     #[inline]
@@ -737,13 +805,14 @@ impl<const W: usize> Index<W> {
     /// prefix-closed it reports each pod's *first* missing block.
     pub fn match_prefix_linear_into(&self, chain: &[BlockHash], out: &mut PrefixMatch) {
         out.reset(chain.len());
+        let g = pin();
         let mut cand = self.alive();
         let mut probes = 0;
         for (i, &h) in chain.iter().enumerate() {
             if cand.is_empty() {
                 break;
             }
-            let held = self.probe(h.0, &cand);
+            let held = self.probe(&g, h.0, &cand);
             probes += 1;
             self.emit(&cand.and_not(&held), i, out);
             cand = held;
@@ -764,6 +833,7 @@ impl<const W: usize> Index<W> {
     /// `hi`, emitting the deepest group first (results stay ranked).
     fn scan<C: HashChain + ?Sized>(
         &self,
+        g: &Guard,
         chain: &C,
         (lo, hi, mut cand): Interval<W>,
         out: &mut impl MatchSink,
@@ -772,7 +842,7 @@ impl<const W: usize> Index<W> {
         let mut probes = 0;
         let mut depth = hi;
         for i in lo..hi {
-            let held = self.probe(chain.hash_at(i as usize), &cand);
+            let held = self.probe(g, chain.hash_at(i as usize), &cand);
             probes += 1;
             groups.push((cand.and_not(&held), i));
             cand = held;
@@ -795,9 +865,12 @@ impl<const W: usize> Index<W> {
         if n == 0 {
             return;
         }
+        // One pinned epoch for the whole search: its probes read the
+        // shards' arrays without a lock (`shard.rs`).
+        let guard = pin();
         let alive = self.alive();
         if n == 1 {
-            let first = self.probe(chain.hash_at(0), &alive);
+            let first = self.probe(&guard, chain.hash_at(0), &alive);
             self.emit(&first, 1, out);
             out.add_probes(1);
             return;
@@ -812,15 +885,19 @@ impl<const W: usize> Index<W> {
         // store written last to first appear whole or not at all.
         let (first, hint0, full) = if n >= self.config.paired_opening_from {
             let [(first, hint0), (last, _)] =
-                self.probe_pair(chain.hash_at(0), chain.hash_at(n - 1), &alive);
+                self.probe_pair(&guard, chain.hash_at(0), chain.hash_at(n - 1), &alive);
             (first, hint0, last.and(&first))
         } else {
-            let (first, hint0) = self.probe_hint(chain.hash_at(0), &alive);
+            let (first, hint0) = self.probe_hint(&guard, chain.hash_at(0), &alive);
             if first.is_empty() {
                 out.add_probes(1);
                 return;
             }
-            (first, hint0, self.probe(chain.hash_at(n - 1), &first))
+            (
+                first,
+                hint0,
+                self.probe(&guard, chain.hash_at(n - 1), &first),
+            )
         };
         let mut probes = 2;
         if first.is_empty() {
@@ -860,7 +937,7 @@ impl<const W: usize> Index<W> {
             match plan {
                 Plan::At(g) if g == hi => {
                     // Expect the pods to hold block hi - 1: depth hi.
-                    let held = self.probe(chain.hash_at((hi - 1) as usize), &cand);
+                    let held = self.probe(&guard, chain.hash_at((hi - 1) as usize), &cand);
                     probes += 1;
                     let missing = cand.and_not(&held);
                     self.emit(&held, hi as usize, out);
@@ -878,6 +955,7 @@ impl<const W: usize> Index<W> {
                     // Blocks g - 1 and g together: the pods holding the
                     // first and not the second stop at depth g.
                     let [(before, _), (held, h)] = self.probe_pair(
+                        &guard,
                         chain.hash_at((g - 1) as usize),
                         chain.hash_at(g as usize),
                         &cand,
@@ -923,7 +1001,7 @@ impl<const W: usize> Index<W> {
                         Plan::At(_) => at,
                         _ => at - 1,
                     };
-                    let (found, h) = self.probe_hint(chain.hash_at(p as usize), &cand);
+                    let (found, h) = self.probe_hint(&guard, chain.hash_at(p as usize), &cand);
                     probes += 1;
                     let held = found;
                     let missing = cand.and_not(&held);
@@ -954,11 +1032,11 @@ impl<const W: usize> Index<W> {
                 }
                 Plan::Halve => {
                     if hi - lo <= span {
-                        probes += self.scan(chain, (lo, hi, cand), out);
+                        probes += self.scan(&guard, chain, (lo, hi, cand), out);
                         continue;
                     }
                     let mid = lo + (hi - lo) / 2;
-                    let (held, h) = self.probe_hint(chain.hash_at(mid as usize), &cand);
+                    let (held, h) = self.probe_hint(&guard, chain.hash_at(mid as usize), &cand);
                     probes += 1;
                     let missing = cand.and_not(&held);
                     if !missing.is_empty() {
@@ -1111,31 +1189,13 @@ impl<F: FnMut(PodId, u32)> MatchSink for FnSink<F> {
     }
 }
 
-/// One lookup in a locked shard: the pods among `cand` holding `hash`, and
-/// the block's run hint.
-#[inline]
-fn look<const W: usize>(
-    sh: &ShardInner<W>,
-    hash: u64,
-    cand: &HostBitmap<W>,
-) -> (HostBitmap<W>, Hint) {
-    match sh.map.get(hash) {
-        Some(h) => (h.and(&sh.slab, cand), Hint(h.hint())),
-        None => (HostBitmap::EMPTY, Hint(0)),
-    }
-}
-
 /// Removes `mask`'s pods from every entry of a shard, dropping emptied
 /// entries. Returns the (block, pod) pairs removed.
-fn strip<const W: usize>(sh: &mut ShardInner<W>, mask: &HostBitmap<W>) -> u64 {
-    let ShardInner {
-        map,
-        slab,
-        residencies,
-    } = sh;
+fn strip<const W: usize>(w: &mut ShardWrite<'_, W>, mask: &HostBitmap<W>) -> u64 {
+    let (mut map, mut slab, residencies) = w.parts();
     let mut removed = 0u64;
     map.retain(|_, h| {
-        removed += h.remove_mask(slab, mask) as u64;
+        removed += h.remove_mask(&mut slab, mask) as u64;
         !h.is_empty()
     });
     *residencies -= removed;

@@ -89,11 +89,13 @@
 //! assert_eq!(index.match_prefix(&blocks).best().map(|p| p.pod), Some(b));
 //! # Ok::<(), router_index::Error>(())
 //! ```
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
+mod array;
 mod bitmap;
 mod holders;
 mod index;
+mod seqlock;
 mod shard;
 mod sync;
 mod table;

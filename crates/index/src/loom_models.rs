@@ -148,3 +148,76 @@ fn racing_store_model(paired_opening_from: usize) {
         assert_eq!(index.match_prefix(&reversed).blocks_for(b), 2);
     });
 }
+
+/// A query racing a store that moves a block from inline lanes into the
+/// slab (allocating and publishing the slab's first array), then removals
+/// that move it back (the bitmap is released before the entry names its
+/// lanes again): the query, reading without a lock, sees the holders as
+/// they were between two of these events, never a mix.
+#[test]
+fn loom_a_lock_free_read_racing_slab_promotion_sees_before_or_after() {
+    loom::model(|| {
+        let index = small_index();
+        let pods: Vec<_> = ["a", "b", "c", "d", "e"]
+            .iter()
+            .map(|n| index.join(&key(n)).unwrap())
+            .collect();
+        let chain = [BlockHash(5)];
+        for &p in &pods[..4] {
+            index.store(p, Tier::Gpu, &chain).unwrap();
+        }
+        let writer = {
+            let (index, pods) = (index.clone(), pods.clone());
+            loom::thread::spawn(move || {
+                index.store(pods[4], Tier::Gpu, &chain).unwrap();
+                for &p in &pods[..3] {
+                    index.remove(p, Tier::Gpu, &chain).unwrap();
+                }
+            })
+        };
+        let m = index.match_prefix(&chain);
+        let held: Vec<bool> = pods.iter().map(|&p| m.blocks_for(p) == 1).collect();
+        // The states between events: e joins, then a, b and c leave.
+        let allowed = [
+            [true, true, true, true, false],
+            [true, true, true, true, true],
+            [false, true, true, true, true],
+            [false, false, true, true, true],
+            [false, false, false, true, true],
+        ];
+        assert!(allowed.iter().any(|s| s[..] == held[..]), "saw {held:?}");
+        writer.join().unwrap();
+        let m = index.match_prefix(&chain);
+        let end: Vec<u32> = pods.iter().map(|&p| m.blocks_for(p)).collect();
+        assert_eq!(end, [0, 0, 0, 1, 1]);
+    });
+}
+
+/// A query racing the store that grows a shard's table (the 13th entry of
+/// 16 cells: a new array is filled, published and the old one retired)
+/// still finds a block stored before, and sees the new block whole or not.
+#[test]
+fn loom_a_lock_free_read_racing_table_growth_finds_old_entries() {
+    loom::model(|| {
+        let index = small_index();
+        let a = index.join(&key("a")).unwrap();
+        let old: Vec<BlockHash> = (100..112).map(BlockHash).collect();
+        index.store(a, Tier::Gpu, &old).unwrap();
+        let writer = {
+            let index = index.clone();
+            loom::thread::spawn(move || {
+                index.store(a, Tier::Gpu, &[BlockHash(7)]).unwrap();
+            })
+        };
+        let m = index.match_prefix(&old[..1]);
+        assert_eq!(
+            m.blocks_for(a),
+            1,
+            "a block stored before the growth was lost"
+        );
+        let n = index.match_prefix(&[BlockHash(7)]).blocks_for(a);
+        assert!(n <= 1);
+        writer.join().unwrap();
+        assert_eq!(index.match_prefix(&[BlockHash(7)]).blocks_for(a), 1);
+    });
+}

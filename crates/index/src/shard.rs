@@ -9,12 +9,26 @@
 //! - the in-shard map ([`BlockMap`], `table.rs`) places keys by
 //!   `router_core::mix64`, a full-avalanche mix unrelated to the Fibonacci
 //!   product: reusing the shard bits would crowd a shard's keys together.
+//!
+//! Reading without a lock (a seqlock per shard):
+//! - the writer takes the shard lock, makes the sequence number odd, writes
+//!   (every word an atomic, stored with `Release`), and makes it even again
+//!   when its [`ShardWrite`] drops;
+//! - a reader loads the sequence number (`Acquire`), refuses an odd one,
+//!   reads with `Acquire` loads, and accepts what it read only if the
+//!   number is unchanged afterwards; otherwise it reads again under the
+//!   lock. A reader writes no shared line, so readers on many cores do not
+//!   pass lock words between them, and a writer never waits for readers;
+//! - a read that saw a torn state is discarded, and the structures it
+//!   walks stay memory-safe whatever it sees (`array.rs`, `table.rs`).
 
 use crossbeam_utils::CachePadded;
 
-use crate::holders::Slab;
-use crate::sync::RwLock;
-pub(crate) use crate::table::BlockMap;
+use crate::bitmap::HostBitmap;
+use crate::holders::{Slab, SlabMut, SlabState};
+use crate::seqlock::{SeqGuard, SeqLock};
+use crate::sync::Guard;
+use crate::table::{BlockMap, MapMut, MapState};
 
 const FIBONACCI: u64 = router_core::GOLDEN_GAMMA;
 
@@ -26,23 +40,163 @@ pub(crate) fn shard_of(hash: u64, bits: u32) -> usize {
         .unwrap_or(0) as usize
 }
 
-/// One shard's state, behind its lock.
+/// The writer's state of one shard, behind its lock.
 #[derive(Debug, Default)]
-pub(crate) struct ShardInner<const W: usize> {
-    pub(crate) map: BlockMap,
-    pub(crate) slab: Slab<W>,
+pub(crate) struct ShardState {
+    map: MapState,
+    slab: SlabState,
     /// Sum over entries of the pods holding them.
     pub(crate) residencies: u64,
 }
 
-impl<const W: usize> ShardInner<W> {
-    /// Bytes allocated by the shard's map and slab.
-    pub(crate) fn bytes(&self) -> usize {
-        self.map.bytes() + self.slab.bytes()
+/// One shard: what readers see, and the lock its writers take.
+#[derive(Debug, Default)]
+pub(crate) struct ShardCore<const W: usize> {
+    /// The writers' lock and the readers' version (`seqlock.rs`).
+    lock: SeqLock<ShardState>,
+    map: BlockMap,
+    slab: Slab<W>,
+}
+
+pub(crate) type Shard<const W: usize> = CachePadded<ShardCore<W>>;
+
+/// A shard open for writing: holds its lock, so its sequence number stays
+/// odd until this drops.
+#[derive(Debug)]
+pub(crate) struct ShardWrite<'a, const W: usize> {
+    core: &'a ShardCore<W>,
+    guard: SeqGuard<'a, ShardState>,
+}
+
+impl<const W: usize> ShardCore<W> {
+    /// Starts a write.
+    #[inline]
+    pub(crate) fn write(&self) -> ShardWrite<'_, W> {
+        ShardWrite {
+            core: self,
+            guard: self.lock.lock(),
+        }
+    }
+
+    /// The sequence number to validate an optimistic read against, or
+    /// `None` while a write is under way.
+    #[inline]
+    pub(crate) fn begin_read(&self) -> Option<u64> {
+        self.lock.begin_read()
+    }
+
+    /// Whether no write started since [`ShardCore::begin_read`] gave `s`.
+    #[inline]
+    pub(crate) fn still(&self, s: u64) -> bool {
+        self.lock.still(s)
+    }
+
+    /// [`ShardCore::begin_read`] for a writer's lock-free check.
+    #[inline]
+    pub(crate) fn begin_check(&self) -> Option<u64> {
+        self.lock.begin_check()
+    }
+
+    /// [`ShardCore::still`] for a writer's lock-free check.
+    #[inline]
+    pub(crate) fn still_check(&self, s: u64) -> bool {
+        self.lock.still_check(s)
+    }
+
+    /// Waits out a write in progress, before a read is tried again.
+    #[inline]
+    pub(crate) fn wait_for_writer(&self, round: &mut u32) {
+        self.lock.wait_for_writer(round);
+    }
+
+    /// The pods among `cand` holding `hash`, and the block's run hint, read
+    /// as they are now: exact in a validated read, else any value (never
+    /// out of bounds).
+    #[inline]
+    pub(crate) fn look_unchecked(
+        &self,
+        guard: &Guard,
+        hash: u64,
+        cand: &HostBitmap<W>,
+    ) -> (HostBitmap<W>, u16) {
+        match self.map.lookup(guard, hash) {
+            Some(h) => (h.and(&self.slab.read(guard), cand), h.hint()),
+            None => (HostBitmap::EMPTY, 0),
+        }
+    }
+
+    /// Every holder of `hash`, and its hint, read as
+    /// [`ShardCore::look_unchecked`] reads.
+    #[inline]
+    pub(crate) fn entry_unchecked(&self, guard: &Guard, hash: u64) -> (HostBitmap<W>, u16) {
+        match self.map.lookup(guard, hash) {
+            Some(h) => (h.to_bitmap(&self.slab.read(guard)), h.hint()),
+            None => (HostBitmap::EMPTY, 0),
+        }
+    }
+
+    /// [`ShardCore::look_unchecked`], validated: tried again while writes
+    /// race it.
+    #[inline]
+    pub(crate) fn look(
+        &self,
+        guard: &Guard,
+        hash: u64,
+        cand: &HostBitmap<W>,
+    ) -> (HostBitmap<W>, u16) {
+        let mut round = 0;
+        loop {
+            if let Some(s) = self.begin_read() {
+                let r = self.look_unchecked(guard, hash, cand);
+                if self.still(s) {
+                    return r;
+                }
+            }
+            self.wait_for_writer(&mut round);
+        }
     }
 }
 
-pub(crate) type Shard<const W: usize> = CachePadded<RwLock<ShardInner<W>>>;
+impl<const W: usize> ShardWrite<'_, W> {
+    /// The map, the slab and the residency count, for changing.
+    #[inline]
+    pub(crate) fn parts(&mut self) -> (MapMut<'_>, SlabMut<'_, W>, &mut u64) {
+        let ShardState {
+            map,
+            slab,
+            residencies,
+        } = self.guard.state();
+        (
+            self.core.map.write(map),
+            self.core.slab.write(slab),
+            residencies,
+        )
+    }
+
+    /// Entries.
+    pub(crate) fn entries(&mut self) -> usize {
+        let core = self.core;
+        core.map.len(&self.guard.state().map)
+    }
+
+    /// Slab bitmaps in use.
+    pub(crate) fn bitmaps_live(&mut self) -> usize {
+        let core = self.core;
+        core.slab.live(&self.guard.state().slab)
+    }
+
+    /// Bytes allocated by the shard's map and slab.
+    pub(crate) fn bytes(&mut self) -> usize {
+        let core = self.core;
+        let st = self.guard.state();
+        core.map.bytes(&st.map) + core.slab.bytes(&st.slab)
+    }
+
+    /// The sum over entries of the pods holding them.
+    pub(crate) fn residencies(&mut self) -> u64 {
+        self.guard.state().residencies
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -7,23 +7,45 @@
 //! in `index.rs`), touched only to start and wake sweepers, which the models
 //! run synchronously instead.
 
+/// A reader's pinned epoch: arrays it loads are not freed while it lives.
 #[cfg(not(router_loom))]
-pub(crate) use parking_lot::{Mutex, RwLock};
+pub(crate) use crossbeam_epoch::{Guard, pin};
 #[cfg(not(router_loom))]
-pub(crate) use std::sync::atomic::{AtomicU64, Ordering};
+pub(crate) use parking_lot::Mutex;
+#[cfg(not(router_loom))]
+pub(crate) use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 #[cfg(router_loom)]
-pub(crate) use self::loom_locks::{Mutex, RwLock};
+pub(crate) use self::loom_locks::Mutex;
 #[cfg(router_loom)]
-pub(crate) use loom::sync::atomic::{AtomicU64, Ordering};
+pub(crate) use self::loom_locks::{Guard, pin};
+#[cfg(router_loom)]
+pub(crate) use loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 #[cfg(router_loom)]
 mod loom_locks {
-    //! parking_lot-shaped wrappers over loom's std-shaped locks.
+    //! parking_lot-shaped wrappers over loom's std-shaped locks, and an
+    //! epoch guard that pins nothing: under loom, retired arrays are kept
+    //! until their shard drops (`array.rs`).
+
+    /// Stands for crossbeam-epoch's guard.
+    #[derive(Debug)]
+    pub(crate) struct Guard;
+
+    /// Stands for crossbeam-epoch's `pin`.
+    pub(crate) fn pin() -> Guard {
+        Guard
+    }
 
     /// A mutex whose `lock` cannot fail, like parking_lot's.
     #[derive(Debug)]
     pub(crate) struct Mutex<T>(loom::sync::Mutex<T>);
+
+    impl<T: Default> Default for Mutex<T> {
+        fn default() -> Self {
+            Mutex::new(T::default())
+        }
+    }
 
     impl<T> Mutex<T> {
         pub(crate) fn new(t: T) -> Self {
@@ -32,22 +54,6 @@ mod loom_locks {
         pub(crate) fn lock(&self) -> loom::sync::MutexGuard<'_, T> {
             // A poisoned lock means a panicking model: surface it.
             self.0.lock().expect("loom mutex poisoned")
-        }
-    }
-
-    /// A reader-writer lock whose guards cannot fail, like parking_lot's.
-    #[derive(Debug)]
-    pub(crate) struct RwLock<T>(loom::sync::RwLock<T>);
-
-    impl<T> RwLock<T> {
-        pub(crate) fn new(t: T) -> Self {
-            RwLock(loom::sync::RwLock::new(t))
-        }
-        pub(crate) fn read(&self) -> loom::sync::RwLockReadGuard<'_, T> {
-            self.0.read().expect("loom rwlock poisoned")
-        }
-        pub(crate) fn write(&self) -> loom::sync::RwLockWriteGuard<'_, T> {
-            self.0.write().expect("loom rwlock poisoned")
         }
     }
 }

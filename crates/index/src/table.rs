@@ -1,180 +1,268 @@
 //! The in-shard block map: block hash -> [`Holders`], by linear probing
-//! over one array of 16-byte slots.
+//! over one array of 16-byte cells, which readers search without a lock.
 //!
 //! Why not hashbrown: a hashbrown lookup reads a control-byte group and
 //! then the bucket, two lines in two arrays, and a cold probe pays both
-//! misses one after the other. Here the key and its holders share a slot,
-//! and the next slots share its line, so a cold lookup is one miss (plus
+//! misses one after the other. Here the key and its holders share a cell,
+//! and the next cells share its line, so a cold lookup is one miss (plus
 //! the slab bitmap for a block on more than four pods).
 //!
 //! Rules:
-//! - the slot array's length is a power of two, and it grows (doubling)
+//! - the cell array's length is a power of two, and it grows (doubling)
 //!   before its load passes 4/5, so every probe sequence meets an empty
-//!   slot;
-//! - key 0 marks an empty slot; the block hash 0 itself lives in a side
-//!   slot of its own;
-//! - a slot's home is `mix64(key) & mask` (`router_core::mix64`, unrelated
+//!   cell;
+//! - key 0 marks an empty cell; the block hash 0 itself lives in a side
+//!   word of its own;
+//! - a cell's home is `mix64(key) & mask` (`router_core::mix64`, unrelated
 //!   to the Fibonacci product that picks the shard);
-//! - removal shifts the following slots back (no tombstones), so a lookup
-//!   can stop at the first empty slot.
+//! - removal shifts the following cells back (no tombstones), so a lookup
+//!   can stop at the first empty cell;
+//! - every word is an atomic ([`crate::array`]): the shard's writer changes
+//!   them under the shard lock, and a reader's lookup ([`BlockMap::lookup`])
+//!   may see a half-made change, which the shard's sequence number then
+//!   rejects (`shard.rs`). A lookup therefore stops after one pass over the
+//!   array whatever it reads, and never indexes past it.
 
+use crate::array::{Bin, Line, Lines, WORDS};
 use crate::holders::Holders;
+use crate::sync::{AtomicU64, Guard, Ordering};
 
-/// An empty slot's key.
+/// An empty cell's key.
 const EMPTY_KEY: u64 = 0;
-/// The position of the side slot holding key 0.
+/// The position of the side word holding key 0.
 const ZERO_AT: usize = usize::MAX;
-/// The smallest array allocated.
-const MIN_SLOTS: usize = 16;
+/// The side word's value while key 0 is absent. No holders encode to 0:
+/// four lanes naming the same slot never occur.
+const ABSENT: u64 = 0;
+/// Cells per line.
+const CELLS: usize = WORDS / 2;
+/// The smallest array allocated, in lines (16 cells).
+const MIN_LINES: usize = 4;
 
-/// Block hash -> holders, for one shard.
+/// Block hash -> holders, for one shard: the words readers see.
 #[derive(Debug, Default)]
 pub(crate) struct BlockMap {
-    slots: Vec<(u64, Holders)>,
-    /// The entry of block hash 0, if any.
-    zero: Option<Holders>,
-    /// Entries in `slots` (not counting `zero`).
+    lines: Lines,
+    zero: AtomicU64,
+}
+
+/// The writer's side of a [`BlockMap`], behind the shard lock.
+#[derive(Debug, Default)]
+pub(crate) struct MapState {
+    /// Entries in the array (not counting key 0).
     len: usize,
+    bin: Bin,
+}
+
+/// The key and holders words of cell `i`.
+#[inline]
+fn cell(lines: &[Line], i: usize) -> (&AtomicU64, &AtomicU64) {
+    let w = &lines[i / CELLS].0;
+    let j = (i % CELLS) * 2;
+    (&w[j], &w[j + 1])
+}
+
+#[inline]
+fn home(key: u64, cells: usize) -> usize {
+    router_core::mix64(key) as usize & (cells - 1)
+}
+
+/// The cell holding `key` (not 0), searching at most one pass.
+#[inline]
+fn find_in(lines: &[Line], key: u64) -> Option<usize> {
+    let cells = lines.len() * CELLS;
+    if cells == 0 {
+        return None;
+    }
+    let mut i = home(key, cells);
+    for _ in 0..cells {
+        let k = cell(lines, i).0.load(Ordering::Acquire);
+        if k == key {
+            return Some(i);
+        }
+        if k == EMPTY_KEY {
+            return None;
+        }
+        i = (i + 1) & (cells - 1);
+    }
+    None
+}
+
+/// The first empty cell from `key`'s home: where a key known to be absent
+/// goes (the writer's view: the load bound guarantees one).
+fn vacancy(lines: &[Line], key: u64) -> usize {
+    let cells = lines.len() * CELLS;
+    let mut i = home(key, cells);
+    while cell(lines, i).0.load(Ordering::Relaxed) != EMPTY_KEY {
+        i = (i + 1) & (cells - 1);
+    }
+    i
+}
+
+#[inline]
+fn put(lines: &[Line], i: usize, key: u64, h: Holders) {
+    let (k, v) = cell(lines, i);
+    // Holders before key: a reader that sees the key sees its holders, or
+    // a sequence number that rejects what it read.
+    v.store(h.raw(), Ordering::Release);
+    k.store(key, Ordering::Release);
 }
 
 impl BlockMap {
+    /// The holders of `key`, as a reader sees them: exact unless a write
+    /// raced, which the caller's sequence check detects.
     #[inline]
-    fn home(&self, key: u64) -> usize {
-        router_core::mix64(key) as usize & (self.slots.len() - 1)
+    pub(crate) fn lookup(&self, guard: &Guard, key: u64) -> Option<Holders> {
+        if key == EMPTY_KEY {
+            let z = self.zero.load(Ordering::Acquire);
+            return (z != ABSENT).then_some(Holders::from_raw(z));
+        }
+        let lines = self.lines.load(guard);
+        let i = find_in(lines, key)?;
+        Some(Holders::from_raw(cell(lines, i).1.load(Ordering::Acquire)))
+    }
+
+    /// The writer's view, for the holder of the shard lock and its state.
+    pub(crate) fn write<'a>(&'a self, st: &'a mut MapState) -> MapMut<'a> {
+        MapMut { map: self, st }
+    }
+
+    /// Bytes allocated.
+    pub(crate) fn bytes(&self, st: &MapState) -> usize {
+        std::mem::size_of_val(self.lines.locked(&st.bin))
+    }
+
+    /// Entries.
+    pub(crate) fn len(&self, st: &MapState) -> usize {
+        st.len + usize::from(self.zero.load(Ordering::Relaxed) != ABSENT)
+    }
+}
+
+/// A [`BlockMap`] open for writing: only under the shard lock.
+#[derive(Debug)]
+pub(crate) struct MapMut<'a> {
+    map: &'a BlockMap,
+    st: &'a mut MapState,
+}
+
+impl MapMut<'_> {
+    #[inline]
+    fn lines(&self) -> &[Line] {
+        self.map.lines.locked(&self.st.bin)
     }
 
     /// The position of `key`'s entry.
     #[inline]
     pub(crate) fn find(&self, key: u64) -> Option<usize> {
         if key == EMPTY_KEY {
-            return self.zero.map(|_| ZERO_AT);
+            return (self.map.zero.load(Ordering::Relaxed) != ABSENT).then_some(ZERO_AT);
         }
-        if self.slots.is_empty() {
-            return None;
-        }
-        let mask = self.slots.len() - 1;
-        let mut i = self.home(key);
-        loop {
-            let k = self.slots[i].0;
-            if k == key {
-                return Some(i);
-            }
-            if k == EMPTY_KEY {
-                return None;
-            }
-            i = (i + 1) & mask;
-        }
+        find_in(self.lines(), key)
+    }
+
+    /// The holders at a position [`MapMut::find`] or [`MapMut::insert`]
+    /// returned.
+    #[inline]
+    pub(crate) fn get(&self, at: usize) -> Holders {
+        let w = match at {
+            ZERO_AT => &self.map.zero,
+            i => cell(self.lines(), i).1,
+        };
+        Holders::from_raw(w.load(Ordering::Relaxed))
     }
 
     /// The holders of `key`.
-    #[inline]
-    pub(crate) fn get(&self, key: u64) -> Option<&Holders> {
-        match self.find(key)? {
-            ZERO_AT => self.zero.as_ref(),
-            i => Some(&self.slots[i].1),
-        }
+    #[cfg(test)]
+    pub(crate) fn get_key(&self, key: u64) -> Option<Holders> {
+        self.find(key).map(|at| self.get(at))
     }
 
-    /// The first empty slot from `key`'s home: where a key known to be
-    /// absent goes.
+    /// Sets the holders at a position of an entry.
     #[inline]
-    fn vacancy(&self, key: u64) -> usize {
-        let mask = self.slots.len() - 1;
-        let mut i = self.home(key);
-        while self.slots[i].0 != EMPTY_KEY {
-            i = (i + 1) & mask;
-        }
-        i
+    pub(crate) fn set(&mut self, at: usize, h: Holders) {
+        let w = match at {
+            ZERO_AT => &self.map.zero,
+            i => cell(self.lines(), i).1,
+        };
+        w.store(h.raw(), Ordering::Release);
     }
 
-    /// The holders at a position [`BlockMap::find`] returned.
-    #[inline]
-    pub(crate) fn at_mut(&mut self, at: usize) -> &mut Holders {
-        match at {
-            ZERO_AT => self.zero.get_or_insert(Holders::EMPTY),
-            i => &mut self.slots[i].1,
-        }
-    }
-
-    /// The holders of `key`, mutable.
-    #[inline]
-    pub(crate) fn get_mut(&mut self, key: u64) -> Option<&mut Holders> {
-        let at = self.find(key)?;
-        Some(self.at_mut(at))
-    }
-
-    /// The holders of `key`, inserted as [`Holders::EMPTY`] if absent.
-    pub(crate) fn get_or_insert(&mut self, key: u64) -> &mut Holders {
+    /// The position of `key`'s entry, inserted as [`Holders::EMPTY`] if
+    /// absent.
+    pub(crate) fn insert(&mut self, key: u64) -> usize {
         if key == EMPTY_KEY {
-            return self.zero.get_or_insert(Holders::EMPTY);
+            if self.map.zero.load(Ordering::Relaxed) == ABSENT {
+                self.map.zero.store(Holders::EMPTY.raw(), Ordering::Release);
+            }
+            return ZERO_AT;
         }
-        if (self.len + 1) * 5 > self.slots.len() * 4 {
+        if (self.st.len + 1) * 5 > self.lines().len() * CELLS * 4 {
             self.grow();
         }
-        let mask = self.slots.len() - 1;
-        let mut i = self.home(key);
+        let lines = self.lines();
+        let cells = lines.len() * CELLS;
+        let mut i = home(key, cells);
         loop {
-            let k = self.slots[i].0;
+            let k = cell(lines, i).0.load(Ordering::Relaxed);
             if k == key {
-                break;
+                return i;
             }
             if k == EMPTY_KEY {
-                self.slots[i] = (key, Holders::EMPTY);
-                self.len += 1;
-                break;
+                put(lines, i, key, Holders::EMPTY);
+                self.st.len += 1;
+                return i;
             }
-            i = (i + 1) & mask;
+            i = (i + 1) & (cells - 1);
         }
-        &mut self.slots[i].1
     }
 
     fn grow(&mut self) {
-        let n = (self.slots.len() * 2).max(MIN_SLOTS);
-        let old = std::mem::take(&mut self.slots);
-        self.place_all(n, old);
-    }
-
-    /// Places the entries of `old` in a new array of `n` slots.
-    fn place_all(&mut self, n: usize, old: Vec<(u64, Holders)>) {
-        self.slots = vec![(EMPTY_KEY, Holders::EMPTY); n];
-        for (k, v) in old {
-            if k != EMPTY_KEY {
-                let i = self.vacancy(k);
-                self.slots[i] = (k, v);
+        let n = (self.lines().len() * 2).max(MIN_LINES);
+        self.map.lines.replace(&mut self.st.bin, n, |old, new| {
+            for i in 0..old.len() * CELLS {
+                let (k, v) = cell(old, i);
+                let k = k.load(Ordering::Relaxed);
+                if k != EMPTY_KEY {
+                    let h = Holders::from_raw(v.load(Ordering::Relaxed));
+                    put(new, vacancy(new, k), k, h);
+                }
             }
-        }
+        });
     }
 
-    /// Removes the entry at a position [`BlockMap::find`] returned.
+    /// Removes the entry at a position [`MapMut::find`] returned.
     pub(crate) fn remove_at(&mut self, at: usize) {
         if at == ZERO_AT {
-            self.zero = None;
+            self.map.zero.store(ABSENT, Ordering::Release);
             return;
         }
-        let mask = self.slots.len() - 1;
+        let lines = self.lines();
+        let cells = lines.len() * CELLS;
+        let mask = cells - 1;
         let mut hole = at;
         let mut j = at;
         loop {
             j = (j + 1) & mask;
-            let k = self.slots[j].0;
+            let k = cell(lines, j).0.load(Ordering::Relaxed);
             if k == EMPTY_KEY {
                 break;
             }
-            // Slot j may fill the hole unless its home lies cyclically in
+            // Cell j may fill the hole unless its home lies cyclically in
             // (hole, j]: then a lookup from its home would never pass it.
-            let home = self.home(k);
+            let h = home(k, cells);
             let stays = if hole <= j {
-                hole < home && home <= j
+                hole < h && h <= j
             } else {
-                hole < home || home <= j
+                hole < h || h <= j
             };
             if !stays {
-                self.slots[hole] = self.slots[j];
+                let v = Holders::from_raw(cell(lines, j).1.load(Ordering::Relaxed));
+                put(lines, hole, k, v);
                 hole = j;
             }
         }
-        self.slots[hole] = (EMPTY_KEY, Holders::EMPTY);
-        self.len -= 1;
+        cell(lines, hole).0.store(EMPTY_KEY, Ordering::Release);
+        self.st.len -= 1;
     }
 
     /// Removes `key`'s entry, if any.
@@ -185,26 +273,41 @@ impl BlockMap {
         }
     }
 
-    /// Keeps the entries for which `keep` returns true (it may change them).
-    /// A few departures are removed one by one (each shifting its run
-    /// back); after many (a sweep may empty most of a shard) the survivors
-    /// are placed again in the cleared array, which costs passes over the
-    /// array rather than a shift per departure. The array keeps its size,
-    /// as hashbrown's does.
+    /// Keeps the entries for which `keep` returns true (it may change
+    /// them). A few departures are removed one by one (each shifting its
+    /// run back); after many (a sweep may empty most of a shard) the
+    /// survivors are placed again in the cleared array, which costs passes
+    /// over the array rather than a shift per departure. The array keeps
+    /// its size, as hashbrown's does.
     pub(crate) fn retain(&mut self, mut keep: impl FnMut(u64, &mut Holders) -> bool) {
-        if let Some(h) = self.zero.as_mut()
-            && !keep(EMPTY_KEY, h)
-        {
-            self.zero = None;
+        let z = self.map.zero.load(Ordering::Relaxed);
+        if z != ABSENT {
+            let mut h = Holders::from_raw(z);
+            let kept = keep(EMPTY_KEY, &mut h);
+            let z = if kept { h.raw() } else { ABSENT };
+            self.map.zero.store(z, Ordering::Release);
         }
+        let lines = self.lines();
+        let cells = lines.len() * CELLS;
         let mut gone: Vec<usize> = Vec::new();
-        for (i, (k, h)) in self.slots.iter_mut().enumerate() {
-            if *k != EMPTY_KEY && !keep(*k, h) {
+        for i in 0..cells {
+            let (k, v) = cell(lines, i);
+            let key = k.load(Ordering::Relaxed);
+            if key == EMPTY_KEY {
+                continue;
+            }
+            let mut h = Holders::from_raw(v.load(Ordering::Relaxed));
+            if keep(key, &mut h) {
+                v.store(h.raw(), Ordering::Release);
+            } else {
                 gone.push(i);
             }
         }
-        if gone.len() * 8 < self.len {
-            let keys: Vec<u64> = gone.iter().map(|&i| self.slots[i].0).collect();
+        if gone.len() * 8 < self.st.len {
+            let keys: Vec<u64> = gone
+                .iter()
+                .map(|&i| cell(lines, i).0.load(Ordering::Relaxed))
+                .collect();
             for k in keys {
                 if let Some(at) = self.find(k) {
                     self.remove_at(at);
@@ -213,30 +316,36 @@ impl BlockMap {
             return;
         }
         for &i in &gone {
-            self.slots[i].0 = EMPTY_KEY;
+            cell(lines, i).0.store(EMPTY_KEY, Ordering::Release);
         }
-        // The survivors leave their slots (only an empty slot's key is
-        // ever read), then go back in from their homes.
-        let mut survivors: Vec<(u64, Holders)> = Vec::with_capacity(self.len - gone.len());
-        for slot in self.slots.iter_mut().filter(|s| s.0 != EMPTY_KEY) {
-            survivors.push(*slot);
-            slot.0 = EMPTY_KEY;
+        // The survivors leave their cells, then go back in from their
+        // homes.
+        let mut survivors: Vec<(u64, Holders)> = Vec::with_capacity(self.st.len - gone.len());
+        for i in 0..cells {
+            let (k, v) = cell(lines, i);
+            let key = k.load(Ordering::Relaxed);
+            if key != EMPTY_KEY {
+                survivors.push((key, Holders::from_raw(v.load(Ordering::Relaxed))));
+                k.store(EMPTY_KEY, Ordering::Release);
+            }
         }
-        self.len = survivors.len();
+        let kept = survivors.len();
         for (k, v) in survivors {
-            let i = self.vacancy(k);
-            self.slots[i] = (k, v);
+            put(lines, vacancy(lines, k), k, v);
         }
+        self.st.len = kept;
     }
 
     /// Entries.
+    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.len + usize::from(self.zero.is_some())
+        self.map.len(self.st)
     }
 
-    /// Bytes allocated.
-    pub(crate) fn bytes(&self) -> usize {
-        self.slots.capacity() * std::mem::size_of::<(u64, Holders)>()
+    /// Cells in the array.
+    #[cfg(test)]
+    fn cells(&self) -> usize {
+        self.lines().len() * CELLS
     }
 }
 
@@ -247,12 +356,13 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::holders::Slab;
+    use crate::holders::{Slab, SlabState};
 
     /// Holders naming one slot, to tell values apart.
     fn value(slot: u16) -> Holders {
+        let (slab, mut st) = (Slab::<1>::default(), SlabState::default());
         let mut h = Holders::EMPTY;
-        h.insert(&mut Slab::<1>::default(), slot % 64);
+        h.insert(&mut slab.write(&mut st), slot % 64);
         h
     }
 
@@ -267,7 +377,7 @@ mod tests {
 
     fn op() -> impl Strategy<Value = Op> {
         // Few distinct keys, so removals hit and probe runs collide; 0 is
-        // the side slot's key.
+        // the side word's key.
         let key = prop_oneof![0u64..64, Just(0u64), any::<u64>()];
         prop_oneof![
             4 => (key.clone(), any::<u16>()).prop_map(|(k, v)| Op::Insert(k, v)),
@@ -278,15 +388,18 @@ mod tests {
     }
 
     proptest! {
-        /// Against std's HashMap, after every operation.
+        /// Against std's HashMap, after every operation, through both the
+        /// writer's view and a reader's lookup.
         #[test]
         fn behaves_as_a_map(ops in prop::collection::vec(op(), 1..400)) {
-            let mut m = BlockMap::default();
+            let (map, mut st) = (BlockMap::default(), MapState::default());
             let mut oracle: HashMap<u64, Holders> = HashMap::new();
             for op in ops {
+                let mut m = map.write(&mut st);
                 match op {
                     Op::Insert(k, v) => {
-                        *m.get_or_insert(k) = value(v);
+                        let at = m.insert(k);
+                        m.set(at, value(v));
                         oracle.insert(k, value(v));
                     }
                     Op::Remove(k) => {
@@ -303,29 +416,35 @@ mod tests {
                     }
                 }
                 prop_assert_eq!(m.len(), oracle.len());
+                prop_assert!(m.len() * 5 <= m.cells().max(1) * 4 + 5);
+                let guard = crate::sync::pin();
                 for k in (0..64).chain(oracle.keys().copied()) {
-                    prop_assert_eq!(m.get(k), oracle.get(&k));
+                    prop_assert_eq!(m.get_key(k), oracle.get(&k).copied());
+                    prop_assert_eq!(map.lookup(&guard, k), oracle.get(&k).copied());
                 }
-                prop_assert!(m.len() * 5 <= m.slots.len().max(1) * 4 + 5);
             }
         }
     }
 
     #[test]
     fn every_key_is_found_after_growth_and_removal_shifts() {
-        let mut m = BlockMap::default();
+        let (map, mut st) = (BlockMap::default(), MapState::default());
+        let mut m = map.write(&mut st);
         for k in 1..=10_000u64 {
-            *m.get_or_insert(k) = value(k as u16);
+            let at = m.insert(k);
+            m.set(at, value(k as u16));
         }
         assert_eq!(m.len(), 10_000);
-        assert!(m.slots.len().is_power_of_two());
+        assert!(m.cells().is_power_of_two());
         for k in (1..=10_000u64).step_by(3) {
             m.remove(k);
         }
+        let cells = m.cells();
+        let guard = crate::sync::pin();
         for k in 1..=10_000u64 {
             let want = (k % 3 != 1).then(|| value(k as u16));
-            assert_eq!(m.get(k).copied(), want, "key {k}");
+            assert_eq!(map.lookup(&guard, k), want, "key {k}");
         }
-        assert_eq!(m.bytes(), m.slots.len() * 16);
+        assert_eq!(map.bytes(&st), cells * 16);
     }
 }

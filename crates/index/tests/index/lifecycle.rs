@@ -241,3 +241,34 @@ fn an_orphan_store_is_refused_and_counted_when_parents_are_checked() {
     lax.store_after(p, Tier::Gpu, Some(c[3]), &c[4..6]).unwrap();
     assert_eq!(lax.stats().skipped_unknown_parent, 0);
 }
+
+/// A store repeating blocks the pod holds takes the lock-free check for
+/// them; the blocks it does not hold (a hole left by a removal, a new
+/// tail) are still written, in any position of the event.
+#[test]
+fn a_repeated_store_fills_holes_and_counts_nothing_twice() {
+    let index = manual_index();
+    let pods = join_n(&index, 2);
+    let c = chain(3, 12);
+    store(&index, pods[0], &c[..8]);
+    store(&index, pods[1], &c[..4]);
+    index.remove(pods[0], Tier::Gpu, &c[2..3]).unwrap();
+    index.remove(pods[0], Tier::Gpu, &c[6..7]).unwrap();
+    // Holes: the linear reference reports the first one.
+    assert_eq!(index.match_prefix_linear(&c).blocks_for(pods[0]), 2);
+    assert_eq!(index.pod_blocks(pods[0]), Some(6));
+    store(&index, pods[0], &c);
+    assert_eq!(index.match_prefix_linear(&c).blocks_for(pods[0]), 12);
+    assert_eq!(index.match_prefix(&c).blocks_for(pods[0]), 12);
+    assert_eq!(index.pod_blocks(pods[0]), Some(12));
+    store(&index, pods[0], &c);
+    let st = index.stats();
+    assert_eq!((st.residencies, st.entries), (16, 12));
+    assert_eq!(index.pod_blocks(pods[0]), Some(12));
+    // Another tier is recorded even where the GPU copy was already held,
+    // and the GPU repeat that follows keeps that record.
+    index.store(pods[0], Tier::Cpu, &c[..2]).unwrap();
+    store(&index, pods[0], &c);
+    let tiers = index.tier_counts(pods[0], &c, 12).unwrap();
+    assert_eq!((tiers[Tier::Gpu], tiers[Tier::Cpu]), (12, 2));
+}
