@@ -451,11 +451,14 @@ impl<const W: usize> Index<W> {
         // blocks (an event's tail, typically) so skip the check, which for
         // them would be a wasted lookup before the locked one.
         let mut try_skip = false;
-        let guard = pin();
+        // Pinned on first use: most events never check a block without the
+        // lock, and a pin costs a locked instruction.
+        let mut guard: Option<Guard> = None;
         let me = pod.slot() as usize;
         for &BlockHash(h) in blocks.iter().rev() {
             if try_skip {
-                if let Some(seen) = self.unchanged(&guard, h, me, next.as_ref(), after_end) {
+                let g = guard.get_or_insert_with(pin);
+                if let Some(seen) = self.unchanged(g, h, me, next.as_ref(), after_end) {
                     if st.load(Ordering::Acquire) != live {
                         count(added);
                         self.counters.skipped_dead.fetch_add(1, Ordering::Relaxed);
@@ -490,7 +493,7 @@ impl<const W: usize> Index<W> {
             after_end = false;
         }
         if let (Some(BlockHash(p)), Some((set, hint))) = (parent, next)
-            && !self.parent_hint_holds(&guard, p, &(set, hint))
+            && !self.parent_hint_holds(guard.get_or_insert_with(pin), p, &(set, hint))
         {
             let mut w = self.shard(p).write();
             let (mut map, slab, _) = w.parts();

@@ -12,8 +12,9 @@
 //! partition**: probe the middle block, split the candidate pods into those
 //! that hold it (recurse right) and those that do not (recurse left). A set
 //! of pods dropping off at `K` distinct depths costs `O(K log N)` probes,
-//! whatever `P` is. Each probe locks one of 256 cache-padded shards for
-//! reading and does one hash-map lookup.
+//! whatever `P` is. Each probe reads one of 256 cache-padded shards
+//! without a lock (a validated seqlock read of one flat-table lookup), so
+//! readers write no shared memory and never wait for each other.
 //!
 //! Each entry also keeps a 16-bit **run hint**: how far its holder set ran
 //! unchanged along the chain of the event that last wrote it (carried
@@ -45,6 +46,10 @@
 //! - **A store is seen whole or not at all** by a query that reads its first
 //!   and last blocks: blocks are written last to first, and a query reads
 //!   block 0 no later than the deepest block.
+//! - **Lock-free reads are exact**: a lookup counts only if its shard's
+//!   sequence number was even before it and unchanged after it, and a
+//!   replaced array is freed only once no reader that could hold it is
+//!   left (crossbeam-epoch); the loom models check both.
 //! - **Tiers off the hot path**: shards hold presence only; per-pod tier
 //!   records exist only for blocks not held in exactly {GPU}, and a pod's
 //!   bit clears when a block leaves its last tier.
