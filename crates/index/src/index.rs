@@ -11,7 +11,6 @@ use smallvec::SmallVec;
 
 use crate::bitmap::HostBitmap;
 use crate::holders::Holders;
-
 use crate::shard::{Shard, ShardCore, ShardWrite, shard_of};
 use crate::sync::{AtomicU64, Guard, Mutex, Ordering, pin};
 
@@ -448,8 +447,8 @@ impl<const W: usize> Index<W> {
         let skip_held = skip_held && ps.tiers.is_empty();
         // Whether to try the lock-free check on this block: after a block
         // the pod turned out to hold already, until a check fails. New
-        // blocks (an event's tail, typically) so skip the check, which for
-        // them would be a wasted lookup before the locked one.
+        // blocks (an event's tail, typically) thus go straight to the
+        // locked path, where the check would be a wasted lookup.
         let mut try_skip = false;
         // Pinned on first use: most events never check a block without the
         // lock, and a pin costs a locked instruction.
@@ -459,6 +458,8 @@ impl<const W: usize> Index<W> {
             if try_skip {
                 let g = guard.get_or_insert_with(pin);
                 if let Some(seen) = self.unchanged(g, h, me, next.as_ref(), after_end) {
+                    // Nothing is written, so no bit can outlive the pod;
+                    // the check keeps the result the locked path gives.
                     if st.load(Ordering::Acquire) != live {
                         count(added);
                         self.counters.skipped_dead.fetch_add(1, Ordering::Relaxed);
