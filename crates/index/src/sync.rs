@@ -5,7 +5,11 @@
 //!
 //! Not routed through here: the list of sweeper threads (`std::sync::Mutex`
 //! in `index.rs`), touched only to start and wake sweepers, which the models
-//! run synchronously instead.
+//! run synchronously instead; and the shards' sequence-number lock
+//! (`seqlock.rs`), which picks its own cell (an `UnsafeCell` it guards, or a
+//! loom mutex under loom) and says why there. A retired array's free is
+//! deferred through crossbeam-epoch directly (`array.rs`); under loom the
+//! writer keeps it until the shard drops instead.
 
 /// A reader's pinned epoch: arrays it loads are not freed while it lives.
 #[cfg(not(router_loom))]
