@@ -230,6 +230,18 @@ impl Hint {
     }
 }
 
+/// Which blocks of an event the write path may check without the lock and
+/// leave alone ([`Index::write_blocks`]).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Skip {
+    /// None: every block is written under its shard lock.
+    Nothing,
+    /// Blocks the pod holds (a GPU store).
+    Held,
+    /// Blocks the pod does not hold (a remove).
+    NotHeld,
+}
+
 /// How a search interval picks its next probe.
 #[derive(Clone, Copy, Debug)]
 enum Plan {
@@ -394,17 +406,18 @@ impl<const W: usize> Index<W> {
     /// query, which starts from block 0, sees a stored run only once it is
     /// whole.
     ///
-    /// With `skip_held` (a GPU store), a block the pod already holds, whose
-    /// hint would not change, is checked by a lock-free read and left
-    /// alone: engines repeat most of what they store (a prompt's shared
-    /// prefix is stored again with every request that extends it), and the
-    /// read costs no lock and writes no line. A block with tier records
-    /// takes the locked path, which keeps them.
+    /// `skip` names blocks a validated lock-free read may leave alone, when
+    /// their hint would not change either: for a GPU store, blocks the pod
+    /// already holds (engines repeat most of what they store: a prompt's
+    /// shared prefix is stored again with every request that extends it);
+    /// for a remove, blocks the pod does not hold. The read costs no lock
+    /// and writes no line. A store with tier records takes the locked path,
+    /// which keeps them.
     fn write_blocks(
         &self,
         pod: PodId,
         parent: Option<BlockHash>,
-        skip_held: bool,
+        skip: Skip,
         blocks: &[BlockHash],
         mut f: impl FnMut(
             &mut ShardWrite<'_, W>,
@@ -444,12 +457,16 @@ impl<const W: usize> Index<W> {
                     .fetch_sub(added.unsigned_abs(), Ordering::Relaxed);
             }
         };
-        let skip_held = skip_held && ps.tiers.is_empty();
-        // Whether to try the lock-free check on this block: after a block
-        // the pod turned out to hold already, until a check fails. New
-        // blocks (an event's tail, typically) thus go straight to the
-        // locked path, where the check would be a wasted lookup.
-        let mut try_skip = false;
+        let skip = match skip {
+            Skip::Held if !ps.tiers.is_empty() => Skip::Nothing,
+            other => other,
+        };
+        // Whether to try the lock-free check on this block: from the start
+        // for a remove, and after a locked write that changed nothing,
+        // until a check fails. A store's new blocks (an event's tail,
+        // typically) thus go straight to the locked path, where the check
+        // would be a wasted lookup.
+        let mut try_skip = skip == Skip::NotHeld;
         // Pinned on first use: most events never check a block without the
         // lock, and a pin costs a locked instruction.
         let mut guard: Option<Guard> = None;
@@ -457,7 +474,8 @@ impl<const W: usize> Index<W> {
         for &BlockHash(h) in blocks.iter().rev() {
             if try_skip {
                 let g = guard.get_or_insert_with(pin);
-                if let Some(seen) = self.unchanged(g, h, me, next.as_ref(), after_end) {
+                let held = skip == Skip::Held;
+                if let Some(seen) = self.unchanged(g, h, me, held, next.as_ref(), after_end) {
                     // Nothing is written, so no bit can outlive the pod;
                     // the check keeps the result the locked path gives.
                     if st.load(Ordering::Acquire) != live {
@@ -465,7 +483,7 @@ impl<const W: usize> Index<W> {
                         self.counters.skipped_dead.fetch_add(1, Ordering::Relaxed);
                         return Err(Error::PodShutDown(pod));
                     }
-                    next = Some(seen);
+                    next = seen;
                     after_end = false;
                     continue;
                 }
@@ -490,7 +508,7 @@ impl<const W: usize> Index<W> {
                 map.set(at, e);
                 (set, hint)
             });
-            try_skip = skip_held && added == gained;
+            try_skip = skip != Skip::Nothing && added == gained;
             after_end = false;
         }
         if let (Some(BlockHash(p)), Some((set, hint))) = (parent, next)
@@ -510,22 +528,32 @@ impl<const W: usize> Index<W> {
         Ok(())
     }
 
-    /// A validated lock-free read of block `h`: its holders and hint if
-    /// `slot` holds it and the hint a write would give it (after `next`)
-    /// is the one it has, so writing would change nothing.
+    /// A validated lock-free read of block `h`, when writing it would
+    /// change nothing: `slot` holds it (`held`) or does not, and the hint a
+    /// write would give it (after `next`) is the one it has. Gives what the
+    /// write path would have passed on as the block's holders and hint:
+    /// `None` for a block no pod holds.
+    #[allow(clippy::option_option)] // outer: skippable; inner: the entry, as the write path has it
     fn unchanged(
         &self,
         guard: &Guard,
         h: u64,
         slot: usize,
+        held: bool,
         next: Option<&(HostBitmap<W>, Hint)>,
         event_end: bool,
-    ) -> Option<(HostBitmap<W>, Hint)> {
+    ) -> Option<Option<(HostBitmap<W>, Hint)>> {
         let sh = self.shard(h);
         let s = sh.begin_check()?;
         let (set, raw) = sh.entry_unchecked(guard, h);
-        let hint = Hint::before(next, &set, event_end);
-        (set.contains(slot) && hint.0 == raw && sh.still_check(s)).then_some((set, hint))
+        let seen = if set.is_empty() {
+            // No entry: a remove has nothing to do, a store must insert.
+            (!held).then_some(None)
+        } else {
+            let hint = Hint::before(next, &set, event_end);
+            (set.contains(slot) == held && hint.0 == raw).then_some(Some((set, hint)))
+        };
+        seen.filter(|_| sh.still_check(s))
     }
 
     /// Whether the parent `p` already has the hint a store after it would
@@ -561,7 +589,12 @@ impl<const W: usize> Index<W> {
     ) -> Result<(), Error> {
         let s = pod.slot();
         let tier_bit = 1u8 << tier as u8;
-        self.write_blocks(pod, parent, tier == Tier::Gpu, blocks, |w, added, ps, h| {
+        let skip = if tier == Tier::Gpu {
+            Skip::Held
+        } else {
+            Skip::Nothing
+        };
+        self.write_blocks(pod, parent, skip, blocks, |w, added, ps, h| {
             let (mut map, mut slab, residencies) = w.parts();
             let at = map.insert(h);
             let mut entry = map.get(at);
@@ -593,7 +626,7 @@ impl<const W: usize> Index<W> {
     pub fn remove(&self, pod: PodId, tier: Tier, blocks: &[BlockHash]) -> Result<(), Error> {
         let s = pod.slot();
         let tier_bit = 1u8 << tier as u8;
-        self.write_blocks(pod, None, false, blocks, |w, added, ps, h| {
+        self.write_blocks(pod, None, Skip::NotHeld, blocks, |w, added, ps, h| {
             let (mut map, mut slab, residencies) = w.parts();
             let at = map.find(h)?;
             let mut holders = map.get(at);
