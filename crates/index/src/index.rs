@@ -544,7 +544,7 @@ impl<const W: usize> Index<W> {
         event_end: bool,
     ) -> Option<Option<(HostBitmap<W>, Hint)>> {
         let sh = self.shard(h);
-        let s = sh.begin_check()?;
+        let s = sh.lock.begin_check()?;
         let (set, raw) = sh.entry_unchecked(guard, h);
         let seen = if set.is_empty() {
             // No entry: a remove has nothing to do, a store must insert.
@@ -553,18 +553,20 @@ impl<const W: usize> Index<W> {
             let hint = Hint::before(next, &set, event_end);
             (set.contains(slot) == held && hint.0 == raw).then_some(Some((set, hint)))
         };
-        seen.filter(|_| sh.still_check(s))
+        seen.filter(|_| sh.lock.still_check(s))
     }
 
     /// Whether the parent `p` already has the hint a store after it would
     /// give it (so its shard need not be locked).
     fn parent_hint_holds(&self, guard: &Guard, p: u64, next: &(HostBitmap<W>, Hint)) -> bool {
         let sh = self.shard(p);
-        let Some(s) = sh.begin_check() else {
+        let Some(s) = sh.lock.begin_check() else {
             return false;
         };
         let (mine, raw) = sh.entry_unchecked(guard, p);
-        !mine.is_empty() && Hint::before(Some(next), &mine, false).0 == raw && sh.still_check(s)
+        !mine.is_empty()
+            && Hint::before(Some(next), &mine, false).0 == raw
+            && sh.lock.still_check(s)
     }
 
     /// Records that `pod` holds `blocks` in `tier` (a `CacheEvent::Stored`
@@ -807,15 +809,15 @@ impl<const W: usize> Index<W> {
         let hint = |(held, h): (HostBitmap<W>, u16)| (held, Hint(h));
         let mut round = 0;
         loop {
-            if let (Some(ta), Some(tb)) = (sa.begin_read(), sb.begin_read()) {
+            if let (Some(ta), Some(tb)) = (sa.lock.begin_read(), sb.lock.begin_read()) {
                 let ra = sa.look_unchecked(g, a, cand);
                 let rb = sb.look_unchecked(g, b, cand);
-                if sa.still(ta) && sb.still(tb) {
+                if sa.lock.still(ta) && sb.lock.still(tb) {
                     return [hint(ra), hint(rb)];
                 }
             }
-            sa.wait_for_writer(&mut round);
-            sb.wait_for_writer(&mut round);
+            sa.lock.wait_for_writer(&mut round);
+            sb.lock.wait_for_writer(&mut round);
         }
     }
 

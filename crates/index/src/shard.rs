@@ -25,7 +25,7 @@
 use crossbeam_utils::CachePadded;
 
 use crate::bitmap::HostBitmap;
-use crate::holders::{Slab, SlabMut, SlabState};
+use crate::holders::{Holders, Slab, SlabMut, SlabRead, SlabState};
 use crate::seqlock::{SeqGuard, SeqLock};
 use crate::sync::Guard;
 use crate::table::{BlockMap, MapMut, MapState};
@@ -52,8 +52,9 @@ pub(crate) struct ShardState {
 /// One shard: what readers see, and the lock its writers take.
 #[derive(Debug, Default)]
 pub(crate) struct ShardCore<const W: usize> {
-    /// The writers' lock and the readers' version (`seqlock.rs`).
-    lock: SeqLock<ShardState>,
+    /// The writers' lock and the readers' version (`seqlock.rs`), which
+    /// readers outside this module validate their reads against.
+    pub(crate) lock: SeqLock<ShardState>,
     map: BlockMap,
     slab: Slab<W>,
 }
@@ -78,37 +79,6 @@ impl<const W: usize> ShardCore<W> {
         }
     }
 
-    /// The sequence number to validate an optimistic read against, or
-    /// `None` while a write is under way.
-    #[inline]
-    pub(crate) fn begin_read(&self) -> Option<u64> {
-        self.lock.begin_read()
-    }
-
-    /// Whether no write started since [`ShardCore::begin_read`] gave `s`.
-    #[inline]
-    pub(crate) fn still(&self, s: u64) -> bool {
-        self.lock.still(s)
-    }
-
-    /// [`ShardCore::begin_read`] for a writer's lock-free check.
-    #[inline]
-    pub(crate) fn begin_check(&self) -> Option<u64> {
-        self.lock.begin_check()
-    }
-
-    /// [`ShardCore::still`] for a writer's lock-free check.
-    #[inline]
-    pub(crate) fn still_check(&self, s: u64) -> bool {
-        self.lock.still_check(s)
-    }
-
-    /// Waits out a write in progress, before a read is tried again.
-    #[inline]
-    pub(crate) fn wait_for_writer(&self, round: &mut u32) {
-        self.lock.wait_for_writer(round);
-    }
-
     /// The pods among `cand` holding `hash`, and the block's run hint, read
     /// as they are now: exact in a validated read, else any value (never
     /// out of bounds).
@@ -119,18 +89,26 @@ impl<const W: usize> ShardCore<W> {
         hash: u64,
         cand: &HostBitmap<W>,
     ) -> (HostBitmap<W>, u16) {
-        match self.map.lookup(guard, hash) {
-            Some(h) => (h.and(&self.slab.read(guard), cand), h.hint()),
-            None => (HostBitmap::EMPTY, 0),
-        }
+        self.read_unchecked(guard, hash, |h, slab| h.and(slab, cand))
     }
 
     /// Every holder of `hash`, and its hint, read as
     /// [`ShardCore::look_unchecked`] reads.
     #[inline]
     pub(crate) fn entry_unchecked(&self, guard: &Guard, hash: u64) -> (HostBitmap<W>, u16) {
+        self.read_unchecked(guard, hash, |h, slab| h.to_bitmap(slab))
+    }
+
+    /// `pods` of `hash`'s holders, and its hint; nothing for an absent block.
+    #[inline]
+    fn read_unchecked(
+        &self,
+        guard: &Guard,
+        hash: u64,
+        pods: impl FnOnce(Holders, &SlabRead<'_>) -> HostBitmap<W>,
+    ) -> (HostBitmap<W>, u16) {
         match self.map.lookup(guard, hash) {
-            Some(h) => (h.to_bitmap(&self.slab.read(guard)), h.hint()),
+            Some(h) => (pods(h, &self.slab.read(guard)), h.hint()),
             None => (HostBitmap::EMPTY, 0),
         }
     }
@@ -146,13 +124,13 @@ impl<const W: usize> ShardCore<W> {
     ) -> (HostBitmap<W>, u16) {
         let mut round = 0;
         loop {
-            if let Some(s) = self.begin_read() {
+            if let Some(s) = self.lock.begin_read() {
                 let r = self.look_unchecked(guard, hash, cand);
-                if self.still(s) {
+                if self.lock.still(s) {
                     return r;
                 }
             }
-            self.wait_for_writer(&mut round);
+            self.lock.wait_for_writer(&mut round);
         }
     }
 }
