@@ -202,6 +202,45 @@ fn retire(bin: &mut Bin, old: usize) {
     }
 }
 
+/// Asks the CPU to bring the line at `p` into cache: a hint that reads
+/// nothing the program can see, so it is sound whatever `p` points at.
+/// A no-op off x86-64 and under loom.
+#[inline(always)]
+pub(crate) fn prefetch<T>(p: *const T) {
+    #[cfg(all(target_arch = "x86_64", not(router_loom)))]
+    // SAFETY: a prefetch never faults and has no effect on memory; SSE is
+    // part of the x86-64 baseline.
+    unsafe {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        _mm_prefetch::<_MM_HINT_T0>(p.cast());
+    }
+    #[cfg(not(all(target_arch = "x86_64", not(router_loom))))]
+    let _ = p;
+}
+
+impl Lines {
+    /// Prefetches the line `at(lines)` names in the array published now,
+    /// given its length in lines, for a read that will follow: one load
+    /// of the tag, and no access to the array itself.
+    #[inline]
+    pub(crate) fn prefetch_line(&self, at: impl FnOnce(usize) -> usize) {
+        // Under loom, an extra load of the tag would change the models'
+        // interleavings for nothing.
+        #[cfg(router_loom)]
+        let tag = {
+            let _ = at;
+            0
+        };
+        #[cfg(not(router_loom))]
+        let tag = self.tag.load(Ordering::Relaxed);
+        if tag != 0 {
+            let len = 1usize << (tag & LOG_MASK);
+            let base = (tag & !LOG_MASK) as *const Line;
+            prefetch(base.wrapping_add(at(len) & (len - 1)));
+        }
+    }
+}
+
 /// Word `i` of an array (a slice of lines seen as a slice of words), or
 /// `None` past its end.
 #[inline]

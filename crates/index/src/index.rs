@@ -471,7 +471,25 @@ impl<const W: usize> Index<W> {
         // lock, and a pin costs a locked instruction.
         let mut guard: Option<Guard> = None;
         let me = pod.slot() as usize;
-        for &BlockHash(h) in blocks.iter().rev() {
+        // Each block's shard and cell are cold in a large index, and the
+        // write of one block does not depend on the next one's memory: the
+        // shard header `2 * AHEAD` blocks on and the cell line `AHEAD` on
+        // are prefetched, so their misses overlap this block's work.
+        const AHEAD: usize = 4;
+        let n = blocks.len();
+        for &BlockHash(b) in &blocks[n.saturating_sub(2 * AHEAD)..] {
+            self.shard(b).prefetch_header();
+        }
+        for &BlockHash(b) in &blocks[n.saturating_sub(AHEAD)..] {
+            self.shard(b).prefetch_entry(b);
+        }
+        for (j, &BlockHash(h)) in blocks.iter().enumerate().rev() {
+            if let Some(&BlockHash(far)) = j.checked_sub(2 * AHEAD).map(|k| &blocks[k]) {
+                self.shard(far).prefetch_header();
+            }
+            if let Some(&BlockHash(near)) = j.checked_sub(AHEAD).map(|k| &blocks[k]) {
+                self.shard(near).prefetch_entry(near);
+            }
             if try_skip {
                 let g = guard.get_or_insert_with(pin);
                 let held = skip == Skip::Held;

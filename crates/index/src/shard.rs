@@ -79,6 +79,22 @@ impl<const W: usize> ShardCore<W> {
         }
     }
 
+    /// Prefetches the shard's lock and array words, for a lookup of its map
+    /// that will follow.
+    #[inline]
+    pub(crate) fn prefetch_header(&self) {
+        let p = std::ptr::from_ref(self).cast::<u8>();
+        crate::array::prefetch(p);
+        crate::array::prefetch(p.wrapping_add(64));
+    }
+
+    /// Prefetches the cell line where `hash`'s entry lives (or would go).
+    /// Reads the map's array word, so the header should be in cache.
+    #[inline]
+    pub(crate) fn prefetch_entry(&self, hash: u64) {
+        self.map.prefetch(hash);
+    }
+
     /// The pods among `cand` holding `hash`, and the block's run hint, read
     /// as they are now: exact in a validated read, else any value (never
     /// out of bounds).

@@ -122,6 +122,14 @@ impl BlockMap {
         Some(Holders::from_raw(cell(lines, i).1.load(Ordering::Acquire)))
     }
 
+    /// Prefetches the line of `key`'s home cell, for a lookup or an insert
+    /// that will follow.
+    #[inline]
+    pub(crate) fn prefetch(&self, key: u64) {
+        self.lines
+            .prefetch_line(|lines| home(key, lines * CELLS) / CELLS);
+    }
+
     /// The writer's view, for the holder of the shard lock and its state.
     pub(crate) fn write<'a>(&'a self, st: &'a mut MapState) -> MapMut<'a> {
         MapMut { map: self, st }
