@@ -98,6 +98,17 @@ impl<const W: usize> Slab<W> {
     }
 }
 
+impl SlabRead<'_> {
+    /// Prefetches the line of bitmap `i` (of `W` words), for a read that
+    /// will follow.
+    #[inline]
+    pub(crate) fn prefetch<const W: usize>(&self, i: u32) {
+        if let Some(w) = word(self.lines, i as usize * W) {
+            crate::array::prefetch(std::ptr::from_ref(w));
+        }
+    }
+}
+
 impl<const W: usize> Bitmaps<W> for SlabRead<'_> {
     #[inline]
     fn bitmap(&self, i: u32) -> HostBitmap<W> {
@@ -209,7 +220,7 @@ impl Holders {
     }
 
     #[inline]
-    fn slab_index(self) -> Option<u32> {
+    pub(crate) fn slab_index(self) -> Option<u32> {
         ((self.0 >> (3 * LANE_BITS) & 0xFFF) as u16 == SLAB_TAG).then_some(self.0 as u32)
     }
 

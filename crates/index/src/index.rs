@@ -11,7 +11,7 @@ use smallvec::SmallVec;
 
 use crate::bitmap::HostBitmap;
 use crate::holders::Holders;
-use crate::shard::{Shard, ShardCore, ShardWrite, shard_of};
+use crate::shard::{Shard, ShardCore, ShardWrite, Staged, shard_of};
 use crate::sync::{AtomicU64, Guard, Mutex, Ordering, pin};
 
 /// How an [`Index`] is laid out and run.
@@ -40,6 +40,12 @@ pub struct IndexConfig {
     /// read block 0 alone first, since on a trace most short requests
     /// share nothing and a miss there ends the search in one probe.
     pub paired_opening_from: usize,
+    /// Chains of at most this many blocks that are not settled by their
+    /// opening probes (block 0 and the deepest), and whose pods left to
+    /// place outnumber the blocks between, are searched by one scan of
+    /// those blocks, read in batches whose misses overlap, where a
+    /// partition's probes wait for each other. 0 turns it off.
+    pub short_scan: usize,
 }
 
 impl Default for IndexConfig {
@@ -51,6 +57,7 @@ impl Default for IndexConfig {
             linear_span: 4,
             validate_parents: false,
             paired_opening_from: 64,
+            short_scan: 32,
         }
     }
 }
@@ -83,6 +90,12 @@ impl IndexConfig {
     /// Sets [`IndexConfig::paired_opening_from`].
     pub fn paired_opening_from(mut self, blocks: usize) -> Self {
         self.paired_opening_from = blocks;
+        self
+    }
+
+    /// Sets [`IndexConfig::short_scan`].
+    pub fn short_scan(mut self, blocks: usize) -> Self {
+        self.short_scan = blocks;
         self
     }
 
@@ -241,6 +254,9 @@ enum Skip {
     /// Blocks the pod does not hold (a remove).
     NotHeld,
 }
+
+/// Blocks a scan reads in one batch ([`Index::scan`]).
+const SCAN_BATCH: usize = 16;
 
 /// How a search interval picks its next probe.
 #[derive(Clone, Copy, Debug)]
@@ -888,6 +904,13 @@ impl<const W: usize> Index<W> {
 
     /// Scans `lo..hi` block by block for pods known to hold `lo - 1` and not
     /// `hi`, emitting the deepest group first (results stay ranked).
+    ///
+    /// The blocks' reads do not depend on each other, so they go in
+    /// batches of [`SCAN_BATCH`], in stages that let their misses overlap:
+    /// the shard headers are prefetched, then the cell lines, then each
+    /// read is begun ([`ShardCore::stage`], which prefetches the block's
+    /// slab bitmap), and only then is each finished and validated, in
+    /// chain order. A raced read is done again on its own.
     fn scan<C: HashChain + ?Sized>(
         &self,
         g: &Guard,
@@ -895,22 +918,41 @@ impl<const W: usize> Index<W> {
         (lo, hi, mut cand): Interval<W>,
         out: &mut impl MatchSink,
     ) -> u32 {
-        let mut groups: SmallVec<[(HostBitmap<W>, u32); 8]> = SmallVec::new();
+        let mut groups: SmallVec<[(HostBitmap<W>, u32); 16]> = SmallVec::new();
         let mut probes = 0;
-        let mut depth = hi;
-        for i in lo..hi {
-            let held = self.probe(g, chain.hash_at(i as usize), &cand);
-            probes += 1;
-            groups.push((cand.and_not(&held), i));
-            cand = held;
-            if cand.is_empty() {
-                depth = u32::MAX;
-                break;
+        let hash = |i: u32| chain.hash_at(i as usize);
+        let mut at = lo;
+        while at < hi && !cand.is_empty() {
+            let end = hi.min(at + SCAN_BATCH as u32);
+            for i in at..end {
+                self.shard(hash(i)).prefetch_header();
             }
+            for i in at..end {
+                self.shard(hash(i)).prefetch_entry(hash(i));
+            }
+            let mut staged = [Staged::NONE; SCAN_BATCH];
+            for i in at..end {
+                staged[(i - at) as usize] = self.shard(hash(i)).stage(g, hash(i));
+            }
+            for i in at..end {
+                let h = hash(i);
+                let held = match self.shard(h).finish(g, staged[(i - at) as usize], &cand) {
+                    Some(held) => held,
+                    None => self.probe(g, h, &cand),
+                };
+                probes += 1;
+                let gone = cand.and_not(&held);
+                if !gone.is_empty() {
+                    groups.push((gone, i));
+                }
+                cand = held;
+                if cand.is_empty() {
+                    break;
+                }
+            }
+            at = end;
         }
-        if depth != u32::MAX {
-            self.emit(&cand, depth as usize, out);
-        }
+        self.emit(&cand, hi as usize, out);
         for (pods, d) in groups.iter().rev() {
             self.emit(pods, *d as usize, out);
         }
@@ -963,6 +1005,15 @@ impl<const W: usize> Index<W> {
         }
         self.emit(&full, n, out);
         let rest = first.and_not(&full);
+        if !rest.is_empty() && n <= self.config.short_scan && n - 2 <= rest.count() as usize {
+            // The pods of `rest` hold block 0 and not block n - 1. They
+            // outnumber the blocks between, so they may stop at as many
+            // depths, each costing a partition about two probes: the scan
+            // costs at most one per block, and its misses overlap.
+            probes += self.scan(&guard, chain, (1, (n - 1) as u32, rest), out);
+            out.add_probes(probes);
+            return;
+        }
         let mut stack: SmallVec<[Span<W>; 24]> = SmallVec::new();
         if !rest.is_empty() {
             let hi = (n - 1) as u32;

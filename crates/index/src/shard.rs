@@ -49,6 +49,23 @@ pub(crate) struct ShardState {
     pub(crate) residencies: u64,
 }
 
+/// A read begun by [`ShardCore::stage`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Staged {
+    /// The sequence number read first (`None`: a writer was in).
+    seq: Option<u64>,
+    /// The entry, as read.
+    holders: Option<Holders>,
+}
+
+impl Staged {
+    /// No read: [`ShardCore::finish`] reports it raced.
+    pub(crate) const NONE: Staged = Staged {
+        seq: None,
+        holders: None,
+    };
+}
+
 /// One shard: what readers see, and the lock its writers take.
 #[derive(Debug, Default)]
 pub(crate) struct ShardCore<const W: usize> {
@@ -127,6 +144,37 @@ impl<const W: usize> ShardCore<W> {
             Some(h) => (pods(h, &self.slab.read(guard)), h.hint()),
             None => (HostBitmap::EMPTY, 0),
         }
+    }
+
+    /// The first half of a read split in two, so that many blocks' reads
+    /// can overlap their misses: the shard's sequence number and the
+    /// block's entry, with its slab bitmap (if any) prefetched.
+    /// [`ShardCore::finish`] completes it.
+    #[inline]
+    pub(crate) fn stage(&self, guard: &Guard, hash: u64) -> Staged {
+        let seq = self.lock.begin_read();
+        let holders = self.map.lookup(guard, hash);
+        if let Some(i) = holders.and_then(Holders::slab_index) {
+            self.slab.read(guard).prefetch::<W>(i);
+        }
+        Staged { seq, holders }
+    }
+
+    /// The pods among `cand` holding the staged block, if the read held:
+    /// `None` when a write raced it (the caller reads it again).
+    #[inline]
+    pub(crate) fn finish(
+        &self,
+        guard: &Guard,
+        staged: Staged,
+        cand: &HostBitmap<W>,
+    ) -> Option<HostBitmap<W>> {
+        let seq = staged.seq?;
+        let held = match staged.holders {
+            Some(h) => h.and(&self.slab.read(guard), cand),
+            None => HostBitmap::EMPTY,
+        };
+        self.lock.still(seq).then_some(held)
     }
 
     /// [`ShardCore::look_unchecked`], validated: tried again while writes

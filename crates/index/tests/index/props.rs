@@ -8,11 +8,18 @@ use router_index::{Index, IndexConfig};
 
 use super::{chain, join_n, manual_index, store};
 
-fn config(linear_span: usize, shard_bits: u32) -> IndexConfig {
+fn config(linear_span: usize, shard_bits: u32, short_scan: usize) -> IndexConfig {
     IndexConfig::default()
         .background_sweep(false)
         .linear_span(linear_span)
         .shard_bits(shard_bits)
+        .short_scan(short_scan)
+}
+
+/// Short-chain scan thresholds: off, within the chains drawn, and past
+/// all of them.
+fn short_scan() -> impl Strategy<Value = usize> {
+    prop::sample::select(vec![0usize, 2, 8, 32, 1000])
 }
 
 proptest! {
@@ -24,9 +31,9 @@ proptest! {
         n in 1usize..80,
         depths in prop::collection::vec(0usize..=80, 1..20),
         noise in prop::collection::vec((0usize..20, 1usize..40), 0..10),
-        span in 0usize..6, bits in 0u32..9,
+        span in 0usize..6, bits in 0u32..9, short in short_scan(),
     ) {
-        let index = Index::<4>::new(config(span, bits));
+        let index = Index::<4>::new(config(span, bits, short));
         let pods = join_n(&index, depths.len());
         let c = chain(1, n);
         let mut want = HashMap::new();
@@ -75,8 +82,9 @@ proptest! {
         held in prop::collection::vec(prop::collection::vec(any::<bool>(), 60), 1..12),
         dead in prop::collection::vec(any::<bool>(), 12),
         span in 0usize..6,
+        short in short_scan(),
     ) {
-        let index = Index::<4>::new(config(span, 8));
+        let index = Index::<4>::new(config(span, 8, short));
         let pods = join_n(&index, held.len());
         let c = chain(7, n);
         for (pod, mask) in pods.iter().zip(&held) {
@@ -205,8 +213,9 @@ proptest! {
         n in 1usize..600,
         steps in prop::collection::vec(step(), 1..40),
         span in 0usize..6,
+        short in short_scan(),
     ) {
-        let index = Index::<4>::new(config(span, 8));
+        let index = Index::<4>::new(config(span, 8, short));
         let pods = join_n(&index, 12);
         let c = chain(1, n);
         let mut depth = [0usize; 12];
@@ -254,7 +263,14 @@ proptest! {
         groups.sort_unstable();
         groups.dedup();
         let log = usize::BITS - n.leading_zeros();
-        let bound = 2 + groups.len() as u32 * 6 * (log + 1);
+        // A chain within the short-scan length may be scanned instead: at
+        // most one probe per block.
+        let partition = 2 + groups.len() as u32 * 6 * (log + 1);
+        let bound = if n <= short {
+            partition.max(n as u32)
+        } else {
+            partition
+        };
         prop_assert!(bin.probes() <= bound, "{} probes for {} groups over {} blocks", bin.probes(), groups.len(), n);
     }
 }
@@ -265,7 +281,7 @@ fn hints_settle_a_run_per_group_in_about_two_probes() {
     // blocks stored in events of 64 with their parents named, as engines
     // report a long prefill: the hints see each change, and the search
     // spends about two probes per group instead of a halving each.
-    let index = Index::<4>::new(config(4, 8));
+    let index = Index::<4>::new(config(4, 8, 32));
     let pods = join_n(&index, 64);
     let c = chain(5, 1024);
     for (i, pod) in pods.iter().enumerate() {
@@ -283,7 +299,7 @@ fn hints_settle_a_run_per_group_in_about_two_probes() {
     assert_eq!(bin.pods().len(), 64);
     assert!(bin.probes() <= 2 * 64 + 2, "{} probes", bin.probes());
     // Without parents the runs stop at every event's end: still exact.
-    let plain = Index::<4>::new(config(4, 8));
+    let plain = Index::<4>::new(config(4, 8, 32));
     let pods = join_n(&plain, 64);
     for (i, pod) in pods.iter().enumerate() {
         for ev in c[..16 * (i + 1)].chunks(64) {
@@ -298,7 +314,7 @@ fn hints_settle_a_run_per_group_in_about_two_probes() {
 
 #[test]
 fn probes_grow_with_distinct_depths_not_with_pods() {
-    let index = Index::<4>::new(config(4, 8));
+    let index = Index::<4>::new(config(4, 8, 32));
     let pods = join_n(&index, 256);
     let c = chain(3, 1024);
     // 256 pods, 4 distinct depths.
