@@ -1,9 +1,8 @@
 //! The indexes under test behind one small interface.
 
-use std::cell::RefCell;
 use std::sync::Arc;
 
-use router_core::{BlockHash, PodDirectory, PodId, PodKey, PrefixIndex, PrefixMatch, Tier};
+use router_core::{BlockHash, PodDirectory, PodId, PodKey, Tier};
 use router_index::{Index, IndexConfig};
 
 use crate::workload::Chain;
@@ -70,7 +69,6 @@ impl Ours {
 }
 
 thread_local! {
-    static MATCH: RefCell<PrefixMatch> = RefCell::new(PrefixMatch::new(0));
     static PROBES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
@@ -98,16 +96,12 @@ impl Subject for Ours {
     }
 
     fn query(&self, chain: &Chain, out: &mut Vec<(u32, u32)>) {
-        MATCH.with(|m| {
-            let mut m = m.borrow_mut();
-            self.index.match_prefix_into(&chain.seq, &mut m);
-            PROBES.with(|p| p.set(p.get() + m.probes() as u64));
-            out.extend(
-                m.pods()
-                    .iter()
-                    .map(|p| (self.slot_to_pod[p.pod.slot() as usize], p.blocks)),
-            );
+        // The allocation-free call, as kv-index's `score_into` is called
+        // below: each (pod, blocks) goes straight into `out`.
+        let probes = self.index.score_into(&chain.raw, |pod, blocks| {
+            out.push((self.slot_to_pod[pod.slot() as usize], blocks));
         });
+        PROBES.with(|p| p.set(p.get() + probes as u64));
     }
 
     fn probes(&self) -> Option<u64> {

@@ -16,6 +16,9 @@ pub struct Chain {
     pub content: Vec<u64>,
     /// Cumulative (prefix) hash of each block.
     pub seq: Vec<BlockHash>,
+    /// The same hashes as plain `u64`s, as an embedder holding raw hashes
+    /// passes them to `Index::score_into`.
+    pub raw: Vec<u64>,
 }
 
 impl Chain {
@@ -27,7 +30,8 @@ impl Chain {
             prev = mix(prev ^ c.rotate_left(23));
             seq.push(BlockHash(prev));
         }
-        Chain { content, seq }
+        let raw = seq.iter().map(|h| h.0).collect();
+        Chain { content, seq, raw }
     }
 
     /// The number of blocks.
