@@ -843,12 +843,12 @@ impl<const W: usize> Index<W> {
         let hint = |(held, h): (HostBitmap<W>, u16)| (held, Hint(h));
         let mut round = 0;
         loop {
-            if let (Some(ta), Some(tb)) = (sa.lock.begin_read(), sb.lock.begin_read()) {
-                let ra = sa.look_unchecked(g, a, cand);
-                let rb = sb.look_unchecked(g, b, cand);
-                if sa.lock.still(ta) && sb.lock.still(tb) {
-                    return [hint(ra), hint(rb)];
-                }
+            // Both reads begun (each prefetching its slab bitmap) before
+            // either is finished, so the cell misses overlap and then the
+            // bitmap misses do.
+            let (ta, tb) = (sa.stage(g, a), sb.stage(g, b));
+            if let (Some(ra), Some(rb)) = (sa.finish(g, ta, cand), sb.finish(g, tb, cand)) {
+                return [hint(ra), hint(rb)];
             }
             sa.lock.wait_for_writer(&mut round);
             sb.lock.wait_for_writer(&mut round);
@@ -937,7 +937,7 @@ impl<const W: usize> Index<W> {
             for i in at..end {
                 let h = hash(i);
                 let held = match self.shard(h).finish(g, staged[(i - at) as usize], &cand) {
-                    Some(held) => held,
+                    Some((held, _)) => held,
                     None => self.probe(g, h, &cand),
                 };
                 probes += 1;

@@ -160,21 +160,22 @@ impl<const W: usize> ShardCore<W> {
         Staged { seq, holders }
     }
 
-    /// The pods among `cand` holding the staged block, if the read held:
-    /// `None` when a write raced it (the caller reads it again).
+    /// The pods among `cand` holding the staged block, and its hint, if
+    /// the read held: `None` when a write raced it (the caller reads it
+    /// again).
     #[inline]
     pub(crate) fn finish(
         &self,
         guard: &Guard,
         staged: Staged,
         cand: &HostBitmap<W>,
-    ) -> Option<HostBitmap<W>> {
+    ) -> Option<(HostBitmap<W>, u16)> {
         let seq = staged.seq?;
-        let held = match staged.holders {
-            Some(h) => h.and(&self.slab.read(guard), cand),
-            None => HostBitmap::EMPTY,
+        let read = match staged.holders {
+            Some(h) => (h.and(&self.slab.read(guard), cand), h.hint()),
+            None => (HostBitmap::EMPTY, 0),
         };
-        self.lock.still(seq).then_some(held)
+        self.lock.still(seq).then_some(read)
     }
 
     /// [`ShardCore::look_unchecked`], validated: tried again while writes
