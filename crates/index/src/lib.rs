@@ -24,6 +24,12 @@
 //! two probes rather than a halving. Hints only choose split points: the
 //! answer never depends on them.
 //!
+//! On cold state a probe's cost is its cache misses, so reads are issued
+//! to overlap them: a pair's two reads are begun before either is
+//! finished, a short chain whose pods outnumber its blocks is scanned in
+//! batches of reads all begun at once ([`IndexConfig::short_scan`]), and a
+//! write prefetches the shards and cells of the blocks ahead of it.
+//!
 //! # Invariants
 //!
 //! - **Exact on prefix-closed state**: when each pod's blocks form a prefix
