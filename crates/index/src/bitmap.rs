@@ -80,7 +80,7 @@ impl<const W: usize> HostBitmap<W> {
     }
 
     /// Pods in both.
-    #[inline]
+    #[inline(always)]
     pub fn and(&self, other: &Self) -> Self {
         let mut out = *self;
         for (a, b) in out.0.iter_mut().zip(other.0.iter()) {
@@ -90,7 +90,7 @@ impl<const W: usize> HostBitmap<W> {
     }
 
     /// Pods in `self` but not in `other`.
-    #[inline]
+    #[inline(always)]
     pub fn and_not(&self, other: &Self) -> Self {
         let mut out = *self;
         for (a, b) in out.0.iter_mut().zip(other.0.iter()) {

@@ -860,16 +860,9 @@ impl<const W: usize> Index<W> {
         if pods.is_empty() {
             return;
         }
-        // Word by word, through a counted range: the sink's `extend` then
-        // writes the pods without a length update per pod.
+        let epoch = |s: usize| epoch_of(self.states[s].load(Ordering::Acquire));
         for (i, &word) in pods.words().iter().enumerate().filter(|(_, w)| **w != 0) {
-            let mut w = word;
-            let ids = (0..word.count_ones()).map(|_| {
-                let s = i * 64 + w.trailing_zeros() as usize;
-                w &= w.wrapping_sub(1);
-                PodId::new(s as u16, epoch_of(self.states[s].load(Ordering::Acquire)))
-            });
-            out.found_group(depth as u32, ids);
+            out.found_word(depth as u32, i * 64, word, epoch);
         }
     }
 
@@ -1014,7 +1007,10 @@ impl<const W: usize> Index<W> {
             out.add_probes(probes);
             return;
         }
-        let mut stack: SmallVec<[Span<W>; 24]> = SmallVec::new();
+        // Found groups wait on the stack until every deeper one is out, so
+        // a chain of many drop-offs holds about one entry per depth: room
+        // for 80 before it spills to the heap.
+        let mut stack: SmallVec<[Span<W>; 80]> = SmallVec::new();
         if !rest.is_empty() {
             let hi = (n - 1) as u32;
             stack.push(Span {
@@ -1264,6 +1260,21 @@ impl HashChain for [u64] {
 trait MatchSink {
     fn found_group(&mut self, blocks: u32, pods: impl ExactSizeIterator<Item = PodId>);
     fn add_probes(&mut self, n: u32);
+
+    /// The pods of one bitmap word of a group: slot `base + i` for each bit
+    /// `i` set in `word`, with its epoch from `epoch`. By default through a
+    /// counted range, so a `Vec`'s `extend` writes the pods without a
+    /// length update per pod.
+    #[inline]
+    fn found_word(&mut self, blocks: u32, base: usize, word: u64, epoch: impl Fn(usize) -> u32) {
+        let mut w = word;
+        let ids = (0..word.count_ones()).map(|_| {
+            let s = base + w.trailing_zeros() as usize;
+            w &= w.wrapping_sub(1);
+            PodId::new(s as u16, epoch(s))
+        });
+        self.found_group(blocks, ids);
+    }
 }
 
 impl MatchSink for PrefixMatch {
@@ -1294,6 +1305,22 @@ impl<F: FnMut(PodId, u32)> MatchSink for FnSink<F> {
     #[inline]
     fn add_probes(&mut self, n: u32) {
         self.probes += n;
+    }
+
+    /// Bit by bit: a closure per pod needs no count first (a population
+    /// count is a loop of its own where the target has no instruction for
+    /// it, as x86-64's baseline has not).
+    #[inline]
+    fn found_word(&mut self, blocks: u32, base: usize, word: u64, epoch: impl Fn(usize) -> u32) {
+        if blocks == 0 {
+            return;
+        }
+        let mut w = word;
+        while w != 0 {
+            let s = base + w.trailing_zeros() as usize;
+            w &= w.wrapping_sub(1);
+            (self.f)(PodId::new(s as u16, epoch(s)), blocks);
+        }
     }
 }
 
