@@ -917,26 +917,32 @@ impl<const W: usize> Index<W> {
         let mut at = lo;
         while at < hi && !cand.is_empty() {
             let end = hi.min(at + SCAN_BATCH as u32);
-            for i in at..end {
-                self.shard(hash(i)).prefetch_header();
+            let k = (end - at) as usize;
+            // Each block's hash and shard found once, for the four passes.
+            let mut hashes = [0u64; SCAN_BATCH];
+            let mut shards = [&self.shards[0]; SCAN_BATCH];
+            for j in 0..k {
+                let h = hash(at + j as u32);
+                hashes[j] = h;
+                shards[j] = self.shard(h);
+                shards[j].prefetch_header();
             }
-            for i in at..end {
-                self.shard(hash(i)).prefetch_entry(hash(i));
+            for j in 0..k {
+                shards[j].prefetch_entry(hashes[j]);
             }
             let mut staged = [Staged::NONE; SCAN_BATCH];
-            for i in at..end {
-                staged[(i - at) as usize] = self.shard(hash(i)).stage(g, hash(i));
+            for j in 0..k {
+                staged[j] = shards[j].stage(g, hashes[j]);
             }
-            for i in at..end {
-                let h = hash(i);
-                let held = match self.shard(h).finish(g, staged[(i - at) as usize], &cand) {
+            for j in 0..k {
+                let held = match shards[j].finish(g, staged[j], &cand) {
                     Some((held, _)) => held,
-                    None => self.probe(g, h, &cand),
+                    None => self.probe(g, hashes[j], &cand),
                 };
                 probes += 1;
                 let gone = cand.and_not(&held);
                 if !gone.is_empty() {
-                    groups.push((gone, i));
+                    groups.push((gone, at + j as u32));
                 }
                 cand = held;
                 if cand.is_empty() {
