@@ -5,7 +5,9 @@
 //! `ThreadPoolIndexer`), each driven the way its own benchmarks drive it.
 //!
 //! The `compare` binary prints the side-by-side tables; `benches/index.rs`
-//! holds the criterion benchmarks of the index alone.
+//! holds the criterion benchmarks of the index alone; the `cost` binary
+//! runs one workload through one index for `scripts/instructions.sh`,
+//! which counts its instructions under callgrind.
 
 pub mod subject;
 pub mod workload;

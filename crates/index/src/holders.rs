@@ -289,17 +289,13 @@ impl Holders {
         match self.slab_index() {
             Some(i) => slab.bitmap(i).and(candidates),
             None => {
-                // Each lane's bit set in its word, without a branch: an
-                // empty lane (0xFFF) names word 63, past any width, and
-                // sets nothing.
-                let lanes = self.lanes();
-                let words = std::array::from_fn(|w| {
-                    lanes.iter().fold(0u64, |acc, &l| {
-                        let hit = u64::from(l as usize >> 6 == w);
-                        acc | hit << (l & 63)
-                    })
-                });
-                HostBitmap::from_words(words).and(candidates)
+                let mut b = HostBitmap::EMPTY;
+                for l in self.lanes() {
+                    if l != EMPTY_LANE && candidates.contains(l as usize) {
+                        b.insert(l as usize);
+                    }
+                }
+                b
             }
         }
     }

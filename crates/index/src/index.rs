@@ -1013,20 +1013,37 @@ impl<const W: usize> Index<W> {
             out.add_probes(probes);
             return;
         }
-        // Found groups wait on the stack until every deeper one is out, so
-        // a chain of many drop-offs holds about one entry per depth: room
-        // for 80 before it spills to the heap.
-        let mut stack: SmallVec<[Span<W>; 80]> = SmallVec::new();
         if !rest.is_empty() {
             let hi = (n - 1) as u32;
-            stack.push(Span {
+            let span = Span {
                 lo: 1,
                 hi,
                 cand: rest,
                 plan: plan_after(0, hint0, hi),
                 idle: 0,
-            });
+            };
+            probes += self.partition(&guard, chain, span, out);
         }
+        out.add_probes(probes);
+    }
+
+    /// The binary partition of `first`'s pods, guided by the run hints:
+    /// the probes it spent. Out of line, so that the queries the opening
+    /// settles (a miss at block 0, a full hit) do not set up its stack.
+    #[inline(never)]
+    fn partition<C: HashChain + ?Sized>(
+        &self,
+        guard: &Guard,
+        chain: &C,
+        first: Span<W>,
+        out: &mut impl MatchSink,
+    ) -> u32 {
+        let mut probes = 0;
+        // Found groups wait on the stack until every deeper one is out, so
+        // a chain of many drop-offs holds about one entry per depth: room
+        // for 80 before it spills to the heap.
+        let mut stack: SmallVec<[Span<W>; 80]> = SmallVec::new();
+        stack.push(first);
         let span = self.config.linear_span as u32;
         // Spans come off the stack deepest first, and each pushes its
         // shallower part first: groups come out deepest first and the
@@ -1047,7 +1064,7 @@ impl<const W: usize> Index<W> {
             match plan {
                 Plan::At(g) if g == hi => {
                     // Expect the pods to hold block hi - 1: depth hi.
-                    let held = self.probe(&guard, chain.hash_at((hi - 1) as usize), &cand);
+                    let held = self.probe(guard, chain.hash_at((hi - 1) as usize), &cand);
                     probes += 1;
                     let missing = cand.and_not(&held);
                     self.emit(&held, hi as usize, out);
@@ -1065,7 +1082,7 @@ impl<const W: usize> Index<W> {
                     // Blocks g - 1 and g together: the pods holding the
                     // first and not the second stop at depth g.
                     let [(before, _), (held, h)] = self.probe_pair(
-                        &guard,
+                        guard,
                         chain.hash_at((g - 1) as usize),
                         chain.hash_at(g as usize),
                         &cand,
@@ -1111,7 +1128,7 @@ impl<const W: usize> Index<W> {
                         Plan::At(_) => at,
                         _ => at - 1,
                     };
-                    let (found, h) = self.probe_hint(&guard, chain.hash_at(p as usize), &cand);
+                    let (found, h) = self.probe_hint(guard, chain.hash_at(p as usize), &cand);
                     probes += 1;
                     let held = found;
                     let missing = cand.and_not(&held);
@@ -1142,11 +1159,11 @@ impl<const W: usize> Index<W> {
                 }
                 Plan::Halve => {
                     if hi - lo <= span {
-                        probes += self.scan(&guard, chain, (lo, hi, cand), out);
+                        probes += self.scan(guard, chain, (lo, hi, cand), out);
                         continue;
                     }
                     let mid = lo + (hi - lo) / 2;
-                    let (held, h) = self.probe_hint(&guard, chain.hash_at(mid as usize), &cand);
+                    let (held, h) = self.probe_hint(guard, chain.hash_at(mid as usize), &cand);
                     probes += 1;
                     let missing = cand.and_not(&held);
                     if !missing.is_empty() {
@@ -1170,7 +1187,7 @@ impl<const W: usize> Index<W> {
                 }
             }
         }
-        out.add_probes(probes);
+        probes
     }
 
     /// The pods holding a prefix of `chain`, longest first, into `out`

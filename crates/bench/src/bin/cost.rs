@@ -1,0 +1,166 @@
+//! One workload's setup and queries through one index, for counting
+//! instructions under callgrind, which a shared, noisy machine cannot
+//! disturb (`scripts/instructions.sh` runs it).
+//!
+//! ```sh
+//! cargo run --release -p router-bench --features peers --bin cost -- \
+//!     [--subject router-index|kv-index] [--n 1024 --k 64 --chains 8 | --w1 | --w3] --queries 1000
+//! ```
+//!
+//! Instructions per query are the difference of two runs that differ
+//! only in the number of queries (the setup, the same in both, cancels);
+//! instructions per stored block come from the setup alone. `--w3`
+//! replays the bundled trace as `compare`'s W3 does (its events between
+//! its queries, `--queries` ignored): count it with callgrind's
+//! `--toggle-collect` on the query call. The times it
+//! prints are of a hot loop (few chains, all in cache) and are only a
+//! sanity check: `compare` measures cold latency.
+
+use std::time::Instant;
+
+use router_bench::subject::{Ours, Subject};
+use router_bench::workload::{self, Op, Workload};
+
+struct Args {
+    subject: String,
+    w1: bool,
+    w3: bool,
+    n: usize,
+    k: usize,
+    chains: usize,
+    queries: usize,
+}
+
+fn parse() -> Result<Args, String> {
+    let mut a = Args {
+        subject: "router-index".into(),
+        w1: false,
+        w3: false,
+        n: 1024,
+        k: 64,
+        chains: 8,
+        queries: 1000,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        if flag == "--w1" || flag == "--w3" {
+            a.w1 |= flag == "--w1";
+            a.w3 |= flag == "--w3";
+            continue;
+        }
+        let value = it.next().ok_or(format!("{flag} needs a value"))?;
+        let num = || value.parse::<usize>().map_err(|e| format!("{flag}: {e}"));
+        match flag.as_str() {
+            "--subject" => a.subject = value.clone(),
+            "--n" => a.n = num()?.max(1),
+            "--k" => a.k = num()?.max(1),
+            "--chains" => a.chains = num()?.max(1),
+            "--queries" => a.queries = num()?,
+            other => return Err(format!("unknown flag {other}")),
+        }
+    }
+    Ok(a)
+}
+
+fn subject(name: &str, pods: usize) -> Result<Box<dyn Subject>, String> {
+    match name {
+        "router-index" => Ok(Box::new(Ours::new(pods))),
+        #[cfg(feature = "peers")]
+        "kv-index" => Ok(Box::new(router_bench::subject::KvIndex::new(pods))),
+        other => Err(format!(
+            "unknown subject {other} (router-index, or kv-index with --features peers)"
+        )),
+    }
+}
+
+fn main() {
+    let args = match parse() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("cost: {e}");
+            std::process::exit(2);
+        }
+    };
+    let w: Workload = if args.w1 {
+        workload::w1(1, args.queries)
+    } else if args.w3 {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../assets/traces/synthetic_trace.jsonl"
+        );
+        match std::fs::read_to_string(path) {
+            Ok(text) => workload::w3(&workload::read_trace(&text).0, 8, 4096),
+            Err(e) => {
+                eprintln!("cost: cannot read {path}: {e}");
+                std::process::exit(2);
+            }
+        }
+    } else {
+        workload::w2(1, args.n, args.k, args.chains, args.queries)
+    };
+    let s = match subject(&args.subject, w.pods) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("cost: {e}");
+            std::process::exit(2);
+        }
+    };
+    let t = Instant::now();
+    let mut blocks = 0usize;
+    for op in &w.setup {
+        if let Op::Store {
+            pod,
+            chain,
+            from,
+            to,
+        } = op
+        {
+            s.store(
+                *pod,
+                &w.chains[*chain as usize],
+                *from as usize,
+                *to as usize,
+            );
+            blocks += (*to - *from) as usize;
+        }
+    }
+    s.flush();
+    let setup = t.elapsed();
+    let mut out = Vec::new();
+    let (mut queries, mut found) = (0usize, 0usize);
+    let t = Instant::now();
+    for op in &w.run {
+        match op {
+            Op::Query { chain } => {
+                out.clear();
+                s.query(&w.chains[*chain as usize], &mut out);
+                found += out.len();
+                queries += 1;
+            }
+            Op::Store {
+                pod,
+                chain,
+                from,
+                to,
+            } => s.store(
+                *pod,
+                &w.chains[*chain as usize],
+                *from as usize,
+                *to as usize,
+            ),
+            Op::Remove {
+                pod,
+                chain,
+                positions,
+            } => s.remove(*pod, &w.chains[*chain as usize], positions),
+        }
+    }
+    let run = t.elapsed();
+    println!(
+        "{} on {}: {blocks} blocks stored ({:.0} ns each), {queries} queries ({:.0} ns each, {found} pods found)",
+        args.subject,
+        w.name,
+        setup.as_nanos() as f64 / blocks.max(1) as f64,
+        run.as_nanos() as f64 / queries.max(1) as f64,
+    );
+}
