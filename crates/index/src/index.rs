@@ -194,51 +194,116 @@ struct Counters {
 type Interval<const W: usize> = (u32, u32, HostBitmap<W>);
 
 /// A block's run hint, as the write path leaves it in the block's entry:
-/// `run` in the low 15 bits, `OPEN` in the top one, 0 for none.
+/// `run` in the low 14 bits, an `OPEN` or a `FAR` flag above, 0 for none.
 ///
 /// `run = r` says that when the block was last written, the `r - 1` blocks
 /// after it in the writing event had the same holders. Without `OPEN`, the
 /// `r`-th had other holders: a change seen, predicting that some pods stop
 /// at exactly that depth. With `OPEN`, the run reached the event's end and
-/// what follows is unknown. Hints are guesses for the search's next split,
-/// never trusted: any hint, stale or wrong, still gives the exact answer,
-/// and a wrong one costs probes only.
+/// what follows is unknown.
+///
+/// A run's last block (its successor had other holders) would say `r = 1`,
+/// which a search reading it beside its successor (a probe pair) already
+/// knows. Such a block says more instead, flagged `FAR`: the distance to
+/// the end of the run *after next* (the change after the one its
+/// successor's hint names, or the event's end that run reached). A pair
+/// then names two changes ahead, and the next step reads both at once
+/// ([`Index::probe_four`]): two groups per wait instead of one.
+///
+/// Hints are guesses for the search's next split, never trusted: any hint,
+/// stale or wrong, still gives the exact answer, and a wrong one costs
+/// probes only.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 struct Hint(u16);
 
 impl Hint {
     const OPEN: u16 = 1 << 15;
-    const RUN_MAX: u16 = Self::OPEN - 1;
+    const FAR: u16 = 1 << 14;
+    const RUN_MAX: u16 = Self::FAR - 1;
+    /// A run's last block, with nothing more known.
+    const CHANGE_NEXT: Hint = Hint(1);
 
+    /// The run to the next change: 1 for a `FAR` hint.
     fn run(self) -> u32 {
-        (self.0 & Self::RUN_MAX) as u32
+        if self.0 & Self::FAR != 0 {
+            1
+        } else {
+            (self.0 & Self::RUN_MAX) as u32
+        }
     }
 
     fn is_open(self) -> bool {
         self.0 & Self::OPEN != 0
     }
 
-    /// The hint of a block whose holders are `set`, followed by `next`
-    /// (its successor's holders and hint; `None` when the successor has no
-    /// holder left), or by the end of the event.
+    /// For a `FAR` hint: the distance to the end of the run after next.
+    fn far(self) -> u32 {
+        if self.0 & Self::FAR != 0 {
+            (self.0 & Self::RUN_MAX) as u32
+        } else {
+            0
+        }
+    }
+}
+
+/// What the write path knows of a block's run as it walks an event's
+/// blocks backwards, handed from each block to the one before it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct Run {
+    /// The block's own hint (never `FAR`).
+    hint: Hint,
+    /// The hint of the block where that run ends (the next change), when
+    /// the walk saw it; `Hint(0)` when not.
+    after: Hint,
+    /// What the block's entry keeps: `hint`, or a `FAR` hint for a run's
+    /// last block.
+    stored: Hint,
+}
+
+impl Run {
+    /// The run of a block whose holders are `set`, followed by `next` (its
+    /// successor's holders and run; `None` when the successor has no holder
+    /// left), or by the end of the event.
     fn before<const W: usize>(
-        next: Option<&(HostBitmap<W>, Hint)>,
+        next: Option<&(HostBitmap<W>, Run)>,
         set: &HostBitmap<W>,
         event_end: bool,
-    ) -> Hint {
+    ) -> Run {
+        let plain = |hint: Hint, after: Hint| Run {
+            hint,
+            after,
+            stored: hint,
+        };
         if event_end {
-            return Hint(Self::OPEN | 1);
+            return plain(Hint(Hint::OPEN | 1), Hint(0));
         }
         match next {
-            Some((after, h)) if after == set => {
-                let run = h.0 & Self::RUN_MAX;
-                if run >= Self::RUN_MAX {
-                    Hint(Self::OPEN | Self::RUN_MAX)
+            Some((same, r)) if same == set => {
+                let run = r.hint.0 & Hint::RUN_MAX;
+                if run >= Hint::RUN_MAX {
+                    // Saturated: no longer knows where it ends.
+                    plain(Hint(Hint::OPEN | Hint::RUN_MAX), Hint(0))
                 } else {
-                    Hint(h.0 & Self::OPEN | (run + 1))
+                    plain(Hint(r.hint.0 & Hint::OPEN | (run + 1)), r.after)
                 }
             }
-            _ => Hint(1),
+            Some((_, r)) => {
+                // The successor starts a run of `r.hint` ending at a change
+                // whose own run is `r.after`: this block names where that
+                // run ends, `1 + run + after` blocks on.
+                let far = 1 + r.hint.run() + r.after.run();
+                let known = !r.hint.is_open() && r.hint.run() > 0 && r.after.run() > 0;
+                Run {
+                    hint: Hint::CHANGE_NEXT,
+                    after: r.hint,
+                    stored: if known && far <= Hint::RUN_MAX as u32 {
+                        Hint(Hint::FAR | far as u16)
+                    } else {
+                        Hint::CHANGE_NEXT
+                    },
+                }
+            }
+            None => plain(Hint::CHANGE_NEXT, Hint(0)),
         }
     }
 }
@@ -253,6 +318,20 @@ enum Skip {
     Held,
     /// Blocks the pod does not hold (a remove).
     NotHeld,
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Rounds of reads a search waited for on this thread (a probe, a pair,
+    /// three or four together, a scan batch), for tests.
+    static WAITS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Counts one round of reads (tests only; nothing otherwise).
+#[inline(always)]
+fn waited() {
+    #[cfg(test)]
+    WAITS.with(|w| w.set(w.get() + 1));
 }
 
 /// Blocks a scan reads in one batch ([`Index::scan`]).
@@ -281,6 +360,9 @@ struct Span<const W: usize> {
     cand: HostBitmap<W>,
     plan: Plan,
     idle: u8,
+    /// Where a `FAR` hint put the change after the one `plan` aims at (0:
+    /// nowhere), read in the same step as `plan`'s pair.
+    far: u32,
 }
 
 /// Probes in a row that split nothing, after which a span stops following
@@ -458,9 +540,9 @@ impl<const W: usize> Index<W> {
                 });
             }
         }
-        // The holders of the block after the current one, and its hint;
+        // The holders of the block after the current one, and its run;
         // `None` past the event's end or after a block left with no pod.
-        let mut next: Option<(HostBitmap<W>, Hint)> = None;
+        let mut next: Option<(HostBitmap<W>, Run)> = None;
         let mut after_end = true;
         // Blocks the pod gained (or lost), added to its count once, still
         // under its event lock (a sweep takes that lock before zeroing it).
@@ -537,23 +619,23 @@ impl<const W: usize> Index<W> {
             next = f(&mut w, &mut added, &mut ps, h).map(|(at, mut e)| {
                 let (mut map, slab, _) = w.parts();
                 let set = e.to_bitmap(&slab);
-                let hint = Hint::before(next.as_ref(), &set, after_end);
-                e.set_hint(hint.0);
+                let run = Run::before(next.as_ref(), &set, after_end);
+                e.set_hint(run.stored.0);
                 map.set(at, e);
-                (set, hint)
+                (set, run)
             });
             try_skip = skip != Skip::Nothing && added == gained;
             after_end = false;
         }
-        if let (Some(BlockHash(p)), Some((set, hint))) = (parent, next)
-            && !self.parent_hint_holds(guard.get_or_insert_with(pin), p, &(set, hint))
+        if let (Some(BlockHash(p)), Some(first)) = (parent, next)
+            && !self.parent_hint_holds(guard.get_or_insert_with(pin), p, &first)
         {
             let mut w = self.shard(p).write();
             let (mut map, slab, _) = w.parts();
             if let Some(at) = map.find(p) {
                 let mut e = map.get(at);
                 let mine = e.to_bitmap(&slab);
-                e.set_hint(Hint::before(Some(&(set, hint)), &mine, false).0);
+                e.set_hint(Run::before(Some(&first), &mine, false).stored.0);
                 map.set(at, e);
             }
         }
@@ -574,9 +656,9 @@ impl<const W: usize> Index<W> {
         h: u64,
         slot: usize,
         held: bool,
-        next: Option<&(HostBitmap<W>, Hint)>,
+        next: Option<&(HostBitmap<W>, Run)>,
         event_end: bool,
-    ) -> Option<Option<(HostBitmap<W>, Hint)>> {
+    ) -> Option<Option<(HostBitmap<W>, Run)>> {
         let sh = self.shard(h);
         let s = sh.lock.begin_check()?;
         let (set, raw) = sh.entry_unchecked(guard, h);
@@ -584,22 +666,22 @@ impl<const W: usize> Index<W> {
             // No entry: a remove has nothing to do, a store must insert.
             (!held).then_some(None)
         } else {
-            let hint = Hint::before(next, &set, event_end);
-            (set.contains(slot) == held && hint.0 == raw).then_some(Some((set, hint)))
+            let run = Run::before(next, &set, event_end);
+            (set.contains(slot) == held && run.stored.0 == raw).then_some(Some((set, run)))
         };
         seen.filter(|_| sh.lock.still_check(s))
     }
 
     /// Whether the parent `p` already has the hint a store after it would
     /// give it (so its shard need not be locked).
-    fn parent_hint_holds(&self, guard: &Guard, p: u64, next: &(HostBitmap<W>, Hint)) -> bool {
+    fn parent_hint_holds(&self, guard: &Guard, p: u64, next: &(HostBitmap<W>, Run)) -> bool {
         let sh = self.shard(p);
         let Some(s) = sh.lock.begin_check() else {
             return false;
         };
         let (mine, raw) = sh.entry_unchecked(guard, p);
         !mine.is_empty()
-            && Hint::before(Some(next), &mine, false).0 == raw
+            && Run::before(Some(next), &mine, false).stored.0 == raw
             && sh.lock.still_check(s)
     }
 
@@ -822,6 +904,7 @@ impl<const W: usize> Index<W> {
         hash: u64,
         candidates: &HostBitmap<W>,
     ) -> (HostBitmap<W>, Hint) {
+        waited();
         let (held, h) = self.shard(hash).look(g, hash, candidates);
         (held, Hint(h))
     }
@@ -839,6 +922,7 @@ impl<const W: usize> Index<W> {
         b: u64,
         cand: &HostBitmap<W>,
     ) -> [(HostBitmap<W>, Hint); 2] {
+        waited();
         let (sa, sb) = (self.shard(a), self.shard(b));
         let hint = |(held, h): (HostBitmap<W>, u16)| (held, Hint(h));
         let mut round = 0;
@@ -852,6 +936,45 @@ impl<const W: usize> Index<W> {
             }
             sa.lock.wait_for_writer(&mut round);
             sb.lock.wait_for_writer(&mut round);
+        }
+    }
+
+    /// Three or four probes issued together, as [`Index::probe_pair`]
+    /// issues two: every read is begun before any is finished, so their
+    /// misses overlap, and each is validated, so each held over an interval
+    /// that overlaps every other's. A raced set is read again once the
+    /// writer is out. Past `n` reads the answer is empty.
+    #[inline]
+    fn probe_four(
+        &self,
+        g: &Guard,
+        hashes: [u64; 4],
+        n: usize,
+        cand: &HostBitmap<W>,
+    ) -> [(HostBitmap<W>, Hint); 4] {
+        waited();
+        let shards = hashes.map(|h| self.shard(h));
+        let mut round = 0;
+        loop {
+            let mut staged = [Staged::NONE; 4];
+            for i in 0..n {
+                staged[i] = shards[i].stage(g, hashes[i]);
+            }
+            let mut out = [(HostBitmap::EMPTY, Hint(0)); 4];
+            let mut raced = None;
+            for i in 0..n {
+                match shards[i].finish(g, staged[i], cand) {
+                    Some((held, hint)) => out[i] = (held, Hint(hint)),
+                    None => {
+                        raced = Some(i);
+                        break;
+                    }
+                }
+            }
+            match raced {
+                None => return out,
+                Some(i) => shards[i].lock.wait_for_writer(&mut round),
+            }
         }
     }
 
@@ -918,6 +1041,7 @@ impl<const W: usize> Index<W> {
         while at < hi && !cand.is_empty() {
             let end = hi.min(at + SCAN_BATCH as u32);
             let k = (end - at) as usize;
+            waited();
             // Each block's hash and shard found once, for the four passes.
             let mut hashes = [0u64; SCAN_BATCH];
             let mut shards = [&self.shards[0]; SCAN_BATCH];
@@ -1021,6 +1145,7 @@ impl<const W: usize> Index<W> {
                 cand: rest,
                 plan: plan_after(0, hint0, hi),
                 idle: 0,
+                far: 0,
             };
             probes += self.partition(&guard, chain, span, out);
         }
@@ -1054,6 +1179,7 @@ impl<const W: usize> Index<W> {
             cand,
             plan,
             idle,
+            far,
         }) = stack.pop()
         {
             if lo == hi {
@@ -1075,13 +1201,70 @@ impl<const W: usize> Index<W> {
                             cand: missing,
                             plan: Plan::Halve,
                             idle: if held.is_empty() { idle + 1 } else { 0 },
+                            far: 0,
                         });
+                    }
+                }
+                Plan::At(g) if g > lo && idle == 0 && far >= g + 2 && far <= hi => {
+                    // The last step confirmed its change and named the one
+                    // after this (`far`): blocks g - 1 and g, and c - 1 and
+                    // c (c - 1 alone when c ends the span), read together.
+                    let c = far;
+                    let reads = if c < hi { 4 } else { 3 };
+                    let [(before, _), (at, h), (before_c, hc1), (at_c, hc)] = self.probe_four(
+                        guard,
+                        [g - 1, g, c - 1, c.min(hi - 1)].map(|i| chain.hash_at(i as usize)),
+                        reads,
+                        &cand,
+                    );
+                    probes += reads as u32;
+                    // Each read splits the pods still holding every block
+                    // before it; past the span's end no pod holds block c.
+                    let at_c = if c < hi { at_c } else { HostBitmap::EMPTY };
+                    let held_g1 = cand.and(&before);
+                    let held_g = held_g1.and(&at);
+                    let held_c1 = held_g.and(&before_c);
+                    let held_c = held_c1.and(&at_c);
+                    let stop_g = held_g1.and_not(&at);
+                    let stop_c = held_c1.and_not(&at_c);
+                    let idle = if stop_g.is_empty() && stop_c.is_empty() {
+                        idle + 1
+                    } else {
+                        0
+                    };
+                    // Shallowest first, so the deepest comes off next.
+                    let parts = [
+                        (lo, g - 1, cand.and_not(&before), Plan::Halve, 0),
+                        (g, g, stop_g, Plan::Halve, 0),
+                        (
+                            g + 1,
+                            c - 1,
+                            held_g.and_not(&before_c),
+                            plan_after(g, h, c - 1),
+                            0,
+                        ),
+                        (c, c, stop_c, Plan::Halve, 0),
+                        (c + 1, hi, held_c, plan_after(c, hc, hi), hc1.far()),
+                    ];
+                    for (lo, hi, cand, plan, d) in parts {
+                        if !cand.is_empty() {
+                            stack.push(Span {
+                                lo,
+                                hi,
+                                cand,
+                                plan,
+                                idle,
+                                // `d` counts from block c - 1 = lo - 2.
+                                far: if d > 0 { lo - 2 + d } else { 0 },
+                            });
+                        }
                     }
                 }
                 Plan::At(g) if g > lo => {
                     // Blocks g - 1 and g together: the pods holding the
-                    // first and not the second stop at depth g.
-                    let [(before, _), (held, h)] = self.probe_pair(
+                    // first and not the second stop at depth g; block
+                    // g - 1's hint may name the change after the next.
+                    let [(before, hb), (held, h)] = self.probe_pair(
                         guard,
                         chain.hash_at((g - 1) as usize),
                         chain.hash_at(g as usize),
@@ -1098,6 +1281,7 @@ impl<const W: usize> Index<W> {
                             cand: missing,
                             plan: Plan::Halve,
                             idle,
+                            far: 0,
                         });
                     }
                     if !at_g.is_empty() {
@@ -1107,6 +1291,7 @@ impl<const W: usize> Index<W> {
                             cand: at_g,
                             plan: Plan::Halve,
                             idle,
+                            far: 0,
                         });
                     }
                     if !held.is_empty() {
@@ -1116,6 +1301,10 @@ impl<const W: usize> Index<W> {
                             cand: held,
                             plan: plan_after(g, h, hi),
                             idle,
+                            far: match hb.far() {
+                                0 => 0,
+                                d => g - 1 + d,
+                            },
                         });
                     }
                 }
@@ -1145,6 +1334,7 @@ impl<const W: usize> Index<W> {
                             cand: missing,
                             plan,
                             idle,
+                            far: 0,
                         });
                     }
                     if !held.is_empty() {
@@ -1154,6 +1344,14 @@ impl<const W: usize> Index<W> {
                             cand: held,
                             plan: plan_after(p, h, hi),
                             idle,
+                            // Through: block p's hint, when it ends a run,
+                            // names the change after next. At: the change
+                            // after next named before still stands.
+                            far: match (plan, h.far()) {
+                                (Plan::At(_), _) => far,
+                                (_, 0) => 0,
+                                (_, d) => p + d,
+                            },
                         });
                     }
                 }
@@ -1173,6 +1371,7 @@ impl<const W: usize> Index<W> {
                             cand: missing,
                             plan: Plan::Halve,
                             idle: 0,
+                            far: 0,
                         });
                     }
                     if !held.is_empty() {
@@ -1182,6 +1381,7 @@ impl<const W: usize> Index<W> {
                             cand: held,
                             plan: plan_after(mid, h, hi),
                             idle: 0,
+                            far: 0,
                         });
                     }
                 }
@@ -1498,5 +1698,73 @@ impl<const W: usize> Index<W> {
         self.pending.lock().push(id.slot());
         self.wake_sweeper();
         Ok(())
+    }
+}
+
+#[cfg(all(test, not(router_loom)))]
+mod tests {
+    use super::*;
+
+    /// 64 pods stopping every 16 blocks of a 1024-block chain, each pod's
+    /// blocks stored in events of 64 naming their parents (as engines
+    /// report a long prefill): the hints see every change.
+    fn staircase() -> (Arc<Index>, Vec<BlockHash>, Vec<PodId>) {
+        let index = Index::<4>::new(IndexConfig::default().background_sweep(false));
+        let pods: Vec<PodId> = (0..64)
+            .map(|i| {
+                index
+                    .join(&PodKey::new(format!("http://pod-{i}"), 0))
+                    .unwrap()
+            })
+            .collect();
+        let c: Vec<BlockHash> = (0..1024u64).map(|i| BlockHash(5 << 32 | i)).collect();
+        for (i, pod) in pods.iter().enumerate() {
+            let d = 16 * (i + 1);
+            for at in (0..d).step_by(64) {
+                let parent = at.checked_sub(1).map(|p| c[p]);
+                index
+                    .store_after(*pod, Tier::Gpu, parent, &c[at..(at + 64).min(d)])
+                    .unwrap();
+            }
+        }
+        (index, c, pods)
+    }
+
+    fn hint_of(index: &Index, b: BlockHash) -> Hint {
+        Hint(index.shard(b.0).entry_unchecked(&pin(), b.0).1)
+    }
+
+    #[test]
+    fn a_runs_last_block_names_the_change_after_next() {
+        let (index, c, _) = staircase();
+        // Block 15 ends a run: block 16 starts one that changes at 32, and
+        // the run from 32 changes at 48, 33 blocks on from block 15.
+        assert_eq!(hint_of(&index, c[15]).far(), 33);
+        assert_eq!(
+            hint_of(&index, c[15]).run(),
+            1,
+            "and its own run still ends next"
+        );
+        // Block 16 starts a run: a plain hint, 16 blocks to the change.
+        assert_eq!(hint_of(&index, c[16]), Hint(16));
+        // Block 47's successor ran to its event's end (block 63): the run
+        // after next is unknown, so the plain change hint stays.
+        assert_eq!(hint_of(&index, c[47]), Hint::CHANGE_NEXT);
+    }
+
+    #[test]
+    fn far_hints_settle_two_groups_per_round() {
+        let (index, c, pods) = staircase();
+        WAITS.with(|w| w.set(0));
+        let m = index.match_prefix(&c);
+        let waits = WAITS.with(|w| w.get());
+        assert_eq!(m.pods(), index.match_prefix_linear(&c).pods());
+        for (i, pod) in pods.iter().enumerate() {
+            assert_eq!(m.blocks_for(*pod), 16 * (i as u32 + 1));
+        }
+        assert!(m.probes() <= 2 * 64 + 16 + 2, "{} probes", m.probes());
+        // A round per group and one per event crossed took 79 rounds;
+        // reading the change after next with each pair takes 35.
+        assert!(waits <= 48, "{waits} rounds of reads");
     }
 }
