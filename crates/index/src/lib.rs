@@ -21,8 +21,11 @@
 //! across events when a store names its parent, [`Index::store_after`]).
 //! The search uses it to guess where the next change is and probes that
 //! block and the one before it together, so a group of pods usually costs
-//! two probes rather than a halving. Hints only choose split points: the
-//! answer never depends on them.
+//! two probes rather than a halving. A run's last block keeps where the
+//! run after next ends instead (its own "change next" the pair already
+//! tells), so once a pair confirms its change, the next step reads two
+//! changes' pairs at once. Hints only choose split points: the answer
+//! never depends on them.
 //!
 //! On cold state a probe's cost is its cache misses, so reads are issued
 //! to overlap them: a pair's two reads are begun before either is
