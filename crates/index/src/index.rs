@@ -360,8 +360,9 @@ struct Span<const W: usize> {
     cand: HostBitmap<W>,
     plan: Plan,
     idle: u8,
-    /// Where a `FAR` hint put the change after the one `plan` aims at (0:
-    /// nowhere), read in the same step as `plan`'s pair.
+    /// A change predicted past the one `plan` aims at, from a `FAR` hint (0:
+    /// none), read in the same step as `plan`'s pair. Only a guess, like
+    /// every hint: the step's reads decide.
     far: u32,
 }
 
@@ -1345,8 +1346,9 @@ impl<const W: usize> Index<W> {
                             plan: plan_after(p, h, hi),
                             idle,
                             // Through: block p's hint, when it ends a run,
-                            // names the change after next. At: the change
-                            // after next named before still stands.
+                            // names where the run after next ends. At: a
+                            // Through step's far, two runs past its read,
+                            // is one run past this read's plan.
                             far: match (plan, h.far()) {
                                 (Plan::At(_), _) => far,
                                 (_, 0) => 0,
