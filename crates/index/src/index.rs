@@ -208,7 +208,7 @@ type Interval<const W: usize> = (u32, u32, HostBitmap<W>);
 /// the end of the run *after next* (the change after the one its
 /// successor's hint names, or the event's end that run reached). A pair
 /// then names two changes ahead, and the next step reads both at once
-/// ([`Index::probe_four`]): two groups per wait instead of one.
+/// ([`Index::probe_reads`]): two groups per wait instead of one.
 ///
 /// Hints are guesses for the search's next split, never trusted: any hint,
 /// stale or wrong, still gives the exact answer, and a wrong one costs
@@ -242,6 +242,15 @@ impl Hint {
             (self.0 & Self::RUN_MAX) as u32
         } else {
             0
+        }
+    }
+
+    /// For a `FAR` hint read at block `at`: the block where the run after
+    /// next ends (a span's `far`); 0 for any other hint.
+    fn far_from(self, at: u32) -> u32 {
+        match self.far() {
+            0 => 0,
+            d => at.saturating_add(d),
         }
     }
 }
@@ -910,58 +919,30 @@ impl<const W: usize> Index<W> {
         (held, Hint(h))
     }
 
-    /// Two probes issued together: both sequence numbers are read before
-    /// either lookup, so the two lookups' cache misses overlap, and the
-    /// pair is a snapshot: both reads are validated, so both held over
-    /// intervals that overlap (each began before either ended). A raced
-    /// pair is read again once the writer is out.
+    /// `n` probes (`n <= N`) issued together: every read is begun (its
+    /// sequence number and cell read, its slab bitmap prefetched) before any
+    /// is finished, so the cell misses overlap and then the bitmap misses
+    /// do. The set is a snapshot: each read is validated, so each held over
+    /// an interval overlapping every other's (each began before any ended).
+    /// A raced set is read again once the writer is out. Past `n` the
+    /// answers are empty.
     #[inline]
-    fn probe_pair(
+    fn probe_reads<const N: usize>(
         &self,
         g: &Guard,
-        a: u64,
-        b: u64,
-        cand: &HostBitmap<W>,
-    ) -> [(HostBitmap<W>, Hint); 2] {
-        waited();
-        let (sa, sb) = (self.shard(a), self.shard(b));
-        let hint = |(held, h): (HostBitmap<W>, u16)| (held, Hint(h));
-        let mut round = 0;
-        loop {
-            // Both reads begun (each prefetching its slab bitmap) before
-            // either is finished, so the cell misses overlap and then the
-            // bitmap misses do.
-            let (ta, tb) = (sa.stage(g, a), sb.stage(g, b));
-            if let (Some(ra), Some(rb)) = (sa.finish(g, ta, cand), sb.finish(g, tb, cand)) {
-                return [hint(ra), hint(rb)];
-            }
-            sa.lock.wait_for_writer(&mut round);
-            sb.lock.wait_for_writer(&mut round);
-        }
-    }
-
-    /// Three or four probes issued together, as [`Index::probe_pair`]
-    /// issues two: every read is begun before any is finished, so their
-    /// misses overlap, and each is validated, so each held over an interval
-    /// that overlaps every other's. A raced set is read again once the
-    /// writer is out. Past `n` reads the answer is empty.
-    #[inline]
-    fn probe_four(
-        &self,
-        g: &Guard,
-        hashes: [u64; 4],
+        hashes: [u64; N],
         n: usize,
         cand: &HostBitmap<W>,
-    ) -> [(HostBitmap<W>, Hint); 4] {
+    ) -> [(HostBitmap<W>, Hint); N] {
         waited();
         let shards = hashes.map(|h| self.shard(h));
         let mut round = 0;
         loop {
-            let mut staged = [Staged::NONE; 4];
+            let mut staged = [Staged::NONE; N];
             for i in 0..n {
                 staged[i] = shards[i].stage(g, hashes[i]);
             }
-            let mut out = [(HostBitmap::EMPTY, Hint(0)); 4];
+            let mut out = [(HostBitmap::EMPTY, Hint(0)); N];
             let mut raced = None;
             for i in 0..n {
                 match shards[i].finish(g, staged[i], cand) {
@@ -977,6 +958,18 @@ impl<const W: usize> Index<W> {
                 Some(i) => shards[i].lock.wait_for_writer(&mut round),
             }
         }
+    }
+
+    /// Two probes issued together ([`Index::probe_reads`]).
+    #[inline]
+    fn probe_pair(
+        &self,
+        g: &Guard,
+        a: u64,
+        b: u64,
+        cand: &HostBitmap<W>,
+    ) -> [(HostBitmap<W>, Hint); 2] {
+        self.probe_reads(g, [a, b], 2, cand)
     }
 
     #[inline]
@@ -1212,7 +1205,7 @@ impl<const W: usize> Index<W> {
                     // c (c - 1 alone when c ends the span), read together.
                     let c = far;
                     let reads = if c < hi { 4 } else { 3 };
-                    let [(before, _), (at, h), (before_c, hc1), (at_c, hc)] = self.probe_four(
+                    let [(before, _), (at, h), (before_c, hc1), (at_c, hc)] = self.probe_reads(
                         guard,
                         [g - 1, g, c - 1, c.min(hi - 1)].map(|i| chain.hash_at(i as usize)),
                         reads,
@@ -1245,9 +1238,15 @@ impl<const W: usize> Index<W> {
                             0,
                         ),
                         (c, c, stop_c, Plan::Halve, 0),
-                        (c + 1, hi, held_c, plan_after(c, hc, hi), hc1.far()),
+                        (
+                            c + 1,
+                            hi,
+                            held_c,
+                            plan_after(c, hc, hi),
+                            hc1.far_from(c - 1),
+                        ),
                     ];
-                    for (lo, hi, cand, plan, d) in parts {
+                    for (lo, hi, cand, plan, far) in parts {
                         if !cand.is_empty() {
                             stack.push(Span {
                                 lo,
@@ -1255,8 +1254,7 @@ impl<const W: usize> Index<W> {
                                 cand,
                                 plan,
                                 idle,
-                                // `d` counts from block c - 1 = lo - 2.
-                                far: if d > 0 { lo - 2 + d } else { 0 },
+                                far,
                             });
                         }
                     }
@@ -1302,10 +1300,7 @@ impl<const W: usize> Index<W> {
                             cand: held,
                             plan: plan_after(g, h, hi),
                             idle,
-                            far: match hb.far() {
-                                0 => 0,
-                                d => g - 1 + d,
-                            },
+                            far: hb.far_from(g - 1),
                         });
                     }
                 }
@@ -1349,10 +1344,9 @@ impl<const W: usize> Index<W> {
                             // names where the run after next ends. At: a
                             // Through step's far, two runs past its read,
                             // is one run past this read's plan.
-                            far: match (plan, h.far()) {
-                                (Plan::At(_), _) => far,
-                                (_, 0) => 0,
-                                (_, d) => p + d,
+                            far: match plan {
+                                Plan::At(_) => far,
+                                _ => h.far_from(p),
                             },
                         });
                     }
