@@ -215,6 +215,12 @@ pub fn w2(seed: u64, n: usize, k: usize, chains: usize, queries: usize) -> Workl
     }
 }
 
+/// The bundled Mooncake trace that W3 replays.
+pub const TRACE_PATH: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../assets/traces/synthetic_trace.jsonl"
+);
+
 /// One request of a Mooncake trace.
 #[derive(Clone, Debug)]
 pub struct TraceRequest {

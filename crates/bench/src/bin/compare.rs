@@ -279,10 +279,7 @@ fn w2(quick: bool) {
 }
 
 fn w3(quick: bool) {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../assets/traces/synthetic_trace.jsonl"
-    );
+    let path = workload::TRACE_PATH;
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
         Err(e) => {
