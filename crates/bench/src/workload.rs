@@ -180,6 +180,29 @@ pub fn w1(seed: u64, queries: usize) -> Workload {
     }
 }
 
+/// W4's writer: `rng`'s next event on W1's state, a whole 128-block chain
+/// stored by a random pod or its blocks from 64 on evicted (half each).
+/// The same sequence for every index, in `compare` and in `cost`.
+pub fn w4_event(w: &Workload, rng: &mut Rng) -> Op {
+    let chain = rng.below(4000) as u32;
+    let pod = rng.below(w.pods as u64) as u32;
+    let len = w.chains[chain as usize].len() as u32;
+    if rng.below(2) == 0 {
+        Op::Store {
+            pod,
+            chain,
+            from: 0,
+            to: len,
+        }
+    } else {
+        Op::Remove {
+            pod,
+            chain,
+            positions: (64..len).collect(),
+        }
+    }
+}
+
 /// W2, many pods and long prompts: 256 pods share each of `chains` chains
 /// of `n` blocks and drop off at `k` distinct depths (pods dealt to depths
 /// differently on every chain); every query is a whole chain, picked at

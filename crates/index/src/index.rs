@@ -273,6 +273,7 @@ impl Run {
     /// The run of a block whose holders are `set`, followed by `next` (its
     /// successor's holders and run; `None` when the successor has no holder
     /// left), or by the end of the event.
+    #[inline(always)]
     fn before<const W: usize>(
         next: Option<&(HostBitmap<W>, Run)>,
         set: &HostBitmap<W>,

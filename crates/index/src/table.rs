@@ -197,6 +197,7 @@ impl MapMut<'_> {
 
     /// The position of `key`'s entry, inserted as [`Holders::EMPTY`] if
     /// absent.
+    #[inline(always)]
     pub(crate) fn insert(&mut self, key: u64) -> usize {
         if key == EMPTY_KEY {
             if self.map.zero.load(Ordering::Relaxed) == ABSENT {
@@ -224,6 +225,8 @@ impl MapMut<'_> {
         }
     }
 
+    #[cold]
+    #[inline(never)]
     fn grow(&mut self) {
         let n = (self.lines().len() * 2).max(MIN_LINES);
         self.map.lines.replace(&mut self.st.bin, n, |old, new| {

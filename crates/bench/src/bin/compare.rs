@@ -324,15 +324,7 @@ fn w4(quick: bool) {
                 let mut rng = Rng::new(9);
                 let mut n = 0u64;
                 while !stop.load(Ordering::Relaxed) {
-                    let chain = rng.below(4000) as usize;
-                    let pod = rng.below(w.pods as u64) as u32;
-                    let c = &w.chains[chain];
-                    if rng.below(2) == 0 {
-                        s.store(pod, c, 0, c.len());
-                    } else {
-                        let positions: Vec<u32> = (64..c.len() as u32).collect();
-                        s.remove(pod, c, &positions);
-                    }
+                    apply(&*s, &w, &workload::w4_event(&w, &mut rng), &mut 0);
                     n += 1;
                     if n % 64 == 0 {
                         s.flush(); // keeps an asynchronous index's queue bounded

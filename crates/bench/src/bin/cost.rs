@@ -4,7 +4,7 @@
 //!
 //! ```sh
 //! cargo run --release -p router-bench --features peers --bin cost -- \
-//!     [--subject router-index|kv-index] [--n 1024 --k 64 --chains 8 | --w1 | --w3] --queries 1000
+//!     [--subject router-index|kv-index] [--n 1024 --k 64 --chains 8 | --w1 | --w3 | --w4] --queries 1000
 //! ```
 //!
 //! Instructions per query are the difference of two runs that differ
@@ -12,7 +12,8 @@
 //! instructions per stored block come from the setup alone. `--w3`
 //! replays the bundled trace as `compare`'s W3 does (its events between
 //! its queries, `--queries` ignored): count it with callgrind's
-//! `--toggle-collect` on the query call. The times it
+//! `--toggle-collect` on the query call. `--w4` runs W4's writer alone:
+//! W1's state, then `--queries` of its events (no queries). The times it
 //! prints are of a hot loop (few chains, all in cache) and are only a
 //! sanity check: `compare` measures cold latency.
 
@@ -25,6 +26,7 @@ struct Args {
     subject: String,
     w1: bool,
     w3: bool,
+    w4: bool,
     n: usize,
     k: usize,
     chains: usize,
@@ -36,6 +38,7 @@ fn parse() -> Result<Args, String> {
         subject: "router-index".into(),
         w1: false,
         w3: false,
+        w4: false,
         n: 1024,
         k: 64,
         chains: 8,
@@ -43,9 +46,10 @@ fn parse() -> Result<Args, String> {
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
-        if flag == "--w1" || flag == "--w3" {
+        if flag == "--w1" || flag == "--w3" || flag == "--w4" {
             a.w1 |= flag == "--w1";
             a.w3 |= flag == "--w3";
+            a.w4 |= flag == "--w4";
             continue;
         }
         let value = it.next().ok_or(format!("{flag} needs a value"))?;
@@ -81,7 +85,16 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let w: Workload = if args.w1 {
+    let w: Workload = if args.w4 {
+        // W4's writer alone: W1's state, then `--queries` writer events.
+        let mut w = workload::w1(1, 0);
+        let mut rng = workload::Rng::new(9);
+        w.run = (0..args.queries)
+            .map(|_| workload::w4_event(&w, &mut rng))
+            .collect();
+        w.name = "W4's writer events".into();
+        w
+    } else if args.w1 {
         workload::w1(1, args.queries)
     } else if args.w3 {
         let path = workload::TRACE_PATH;
@@ -164,6 +177,15 @@ fn main() {
     // W3's run interleaves its events with its queries: the time per query
     // then includes them.
     let events = w.run.len() - queries;
+    if queries == 0 {
+        println!(
+            "{} on {}: {setup}; {events} events run ({:.0} ns per event)",
+            args.subject,
+            w.name,
+            run.as_nanos() as f64 / events.max(1) as f64,
+        );
+        return;
+    }
     println!(
         "{} on {}: {setup}; {queries} queries and {events} events run ({:.0} ns per query, events included; {found} pods found)",
         args.subject,
