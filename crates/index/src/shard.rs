@@ -216,6 +216,13 @@ impl<const W: usize> ShardWrite<'_, W> {
         )
     }
 
+    /// Makes the map's table large enough for `entries` entries without
+    /// growing.
+    pub(crate) fn reserve(&mut self, entries: usize) {
+        let (mut map, _, _) = self.parts();
+        map.reserve(entries);
+    }
+
     /// Entries.
     pub(crate) fn entries(&mut self) -> usize {
         let core = self.core;

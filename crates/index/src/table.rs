@@ -228,7 +228,23 @@ impl MapMut<'_> {
     #[cold]
     #[inline(never)]
     fn grow(&mut self) {
-        let n = (self.lines().len() * 2).max(MIN_LINES);
+        self.resize((self.lines().len() * 2).max(MIN_LINES));
+    }
+
+    /// Makes the table large enough for `entries` entries (the zero key's
+    /// side word aside) without passing the load bound: a table of the
+    /// size growth would have reached.
+    pub(crate) fn reserve(&mut self, entries: usize) {
+        let cells = (entries.saturating_mul(5) / 4 + 1).next_power_of_two();
+        let lines = (cells / CELLS).max(MIN_LINES);
+        if lines > self.lines().len() {
+            self.resize(lines);
+        }
+    }
+
+    /// Moves every entry into a new table of `n` lines (a power of two,
+    /// with room for them all under the load bound).
+    fn resize(&mut self, n: usize) {
         self.map.lines.replace(&mut self.st.bin, n, |old, new| {
             for i in 0..old.len() * CELLS {
                 let (k, v) = cell(old, i);

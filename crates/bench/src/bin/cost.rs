@@ -4,7 +4,8 @@
 //!
 //! ```sh
 //! cargo run --release -p router-bench --features peers --bin cost -- \
-//!     [--subject router-index|kv-index] [--n 1024 --k 64 --chains 8 | --w1 | --w3 | --w4] --queries 1000
+//!     [--subject router-index|kv-index] [--n 1024 --k 64 --chains 8 | --w1 | --w3 | --w4] --queries 1000 \\
+//!     [--capacity BLOCKS]
 //! ```
 //!
 //! Instructions per query are the difference of two runs that differ
@@ -13,7 +14,8 @@
 //! replays the bundled trace as `compare`'s W3 does (its events between
 //! its queries, `--queries` ignored): count it with callgrind's
 //! `--toggle-collect` on the query call. `--w4` runs W4's writer alone:
-//! W1's state, then `--queries` of its events (no queries). The times it
+//! W1's state, then `--queries` of its events (no queries). `--capacity`
+//! gives router-index a capacity hint (`IndexConfig::capacity`). The times it
 //! prints are of a hot loop (few chains, all in cache) and are only a
 //! sanity check: `compare` measures cold latency.
 
@@ -21,6 +23,7 @@ use std::time::Instant;
 
 use router_bench::subject::{Ours, Subject};
 use router_bench::workload::{self, Op, Workload};
+use router_index::IndexConfig;
 
 struct Args {
     subject: String,
@@ -31,6 +34,7 @@ struct Args {
     k: usize,
     chains: usize,
     queries: usize,
+    capacity: usize,
 }
 
 fn parse() -> Result<Args, String> {
@@ -43,6 +47,7 @@ fn parse() -> Result<Args, String> {
         k: 64,
         chains: 8,
         queries: 1000,
+        capacity: 0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -60,15 +65,19 @@ fn parse() -> Result<Args, String> {
             "--k" => a.k = num()?.max(1),
             "--chains" => a.chains = num()?.max(1),
             "--queries" => a.queries = num()?,
+            "--capacity" => a.capacity = num()?,
             other => return Err(format!("unknown flag {other}")),
         }
     }
     Ok(a)
 }
 
-fn subject(name: &str, pods: usize) -> Result<Box<dyn Subject>, String> {
+fn subject(name: &str, pods: usize, capacity: usize) -> Result<Box<dyn Subject>, String> {
     match name {
-        "router-index" => Ok(Box::new(Ours::new(pods))),
+        "router-index" => Ok(Box::new(Ours::with_config(
+            pods,
+            IndexConfig::default().capacity(capacity),
+        ))),
         #[cfg(feature = "peers")]
         "kv-index" => Ok(Box::new(router_bench::subject::KvIndex::new(pods))),
         other => Err(format!(
@@ -108,7 +117,7 @@ fn main() {
     } else {
         workload::w2(1, args.n, args.k, args.chains, args.queries)
     };
-    let s = match subject(&args.subject, w.pods) {
+    let s = match subject(&args.subject, w.pods, args.capacity) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("cost: {e}");

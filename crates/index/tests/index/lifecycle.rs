@@ -201,6 +201,44 @@ fn stats_count_entries_residencies_and_bitmaps() {
 }
 
 #[test]
+fn a_capacity_hint_allocates_up_front_and_stores_to_it_never_grow() {
+    let blocks = 20_000;
+    let sized = Index::new(
+        IndexConfig::default()
+            .background_sweep(false)
+            .capacity(blocks),
+    );
+    let plain = manual_index();
+    let reserved = sized.stats().bytes;
+    assert!(
+        reserved >= 16 * blocks as u64,
+        "a 16-byte cell per block reserved: {reserved}"
+    );
+    assert!(reserved > 10 * plain.stats().bytes);
+    for index in [&sized, &plain] {
+        let pod = join_n(index, 1)[0];
+        for c in 0..blocks / 100 {
+            store(index, pod, &chain(c as u64 + 1, 100));
+        }
+    }
+    let (s, p) = (sized.stats(), plain.stats());
+    assert_eq!((s.entries, p.entries), (blocks as u64, blocks as u64));
+    assert_eq!(s.bytes, reserved, "no table grew");
+    assert!(p.bytes > 16 * blocks as u64, "the plain index grew to fit");
+    let (a, b) = (
+        sized.match_prefix(&chain(7, 100)),
+        plain.match_prefix(&chain(7, 100)),
+    );
+    assert_eq!(a.best().map(|m| m.blocks), Some(100));
+    assert_eq!(b.best().map(|m| m.blocks), Some(100));
+    // An absurd hint is cut, not honoured.
+    assert_eq!(
+        IndexConfig::default().capacity(usize::MAX).capacity,
+        IndexConfig::MAX_CAPACITY
+    );
+}
+
+#[test]
 fn an_orphan_store_is_refused_and_counted_when_parents_are_checked() {
     let index = Index::<4>::new(
         IndexConfig::default()
