@@ -3,16 +3,19 @@
 //! Most blocks live on one or two pods (a prompt's blocks land where the
 //! request was routed), so a full 256-bit bitmap per block would spend 32
 //! bytes to say "pod 7". A [`Holders`] is one `u64`: up to four slot
-//! numbers inline, or, for blocks held more widely, the index of a full
-//! bitmap in the shard's slab, plus a 16-bit **run hint**. A map entry is
-//! then 16 bytes (key + value) whatever the width, and a block on many pods
-//! pays one bitmap, shared by all its pods.
+//! numbers inline; for blocks held more widely, a 46-bit bitmap inline when
+//! every holder's slot is below 46 (a fleet of up to 46 pods never leaves
+//! the cell), else the index of a full bitmap in the shard's slab; plus a
+//! 16-bit **run hint**. A map entry is then 16 bytes (key + value) whatever
+//! the width, a block on many pods of a small fleet costs no more, and one
+//! on many pods of a large fleet pays one bitmap, shared by all its pods.
 //!
 //! Encoding: the low 48 bits are four 12-bit lanes; `0xFFF` marks an empty
-//! lane. When the top lane is `0xFFE` the low 32 bits index the slab. Slot
-//! numbers are below 1024, so neither marker can be a slot. The high 16
-//! bits are the run hint (see [`Holders::hint`]); changing the holders
-//! keeps it.
+//! lane. When the top lane is `0xFFE` the low 32 bits index the slab. When
+//! bits 47 and 46 are `10` (a top lane in `0x800..0xC00`) the low 46 bits
+//! are the small bitmap. Slot numbers are below 1024 (`0x400`), so no
+//! marker can be a slot. The high 16 bits are the run hint (see
+//! [`Holders::hint`]); changing the holders keeps it.
 
 use crate::array::{Bin, Line, Lines, WORDS, word};
 use crate::bitmap::HostBitmap;
@@ -24,10 +27,23 @@ const LANE_BITS: u32 = 12;
 const LANES_MASK: u64 = (1 << 48) - 1;
 /// Four empty lanes.
 const NO_LANES: u64 = LANES_MASK;
-/// A slab bitmap shrinking to this many pods goes back inline. Lower than
-/// the inline capacity, so a block hovering at the boundary does not flip
-/// between forms on every event.
+/// A slab or small bitmap shrinking to this many pods goes back to lanes.
+/// Lower than the lanes' capacity, so a block hovering at the boundary does
+/// not flip between forms on every event.
 const DEMOTE_AT: u32 = 2;
+/// Slots below this fit the small inline bitmap.
+pub(crate) const SMALL_SLOTS: usize = 46;
+/// The small bitmap's bits, and its marker in bits 47 and 46.
+const SMALL_BITS: u64 = (1 << SMALL_SLOTS) - 1;
+const SMALL_MARK: u64 = 0b11 << SMALL_SLOTS;
+const SMALL_TAG: u64 = 0b10 << SMALL_SLOTS;
+
+/// The small bitmap of these slots, if every one is below [`SMALL_SLOTS`].
+fn small_of(slots: impl IntoIterator<Item = u16>) -> Option<u64> {
+    slots.into_iter().try_fold(0u64, |bits, s| {
+        ((s as usize) < SMALL_SLOTS).then(|| bits | 1 << s)
+    })
+}
 
 /// Up to four slots inline, or a slab index; and a run hint.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -231,6 +247,26 @@ impl Holders {
         Holders(self.0 & !LANES_MASK | (SLAB_TAG as u64) << (3 * LANE_BITS) | i as u64)
     }
 
+    /// The small bitmap, if the record is one.
+    #[inline(always)]
+    fn small(self) -> Option<u64> {
+        (self.0 & SMALL_MARK == SMALL_TAG).then_some(self.0 & SMALL_BITS)
+    }
+
+    /// The small bitmap `bits` (not empty), keeping `self`'s hint.
+    fn with_small(self, bits: u64) -> Self {
+        Holders(self.0 & !LANES_MASK | SMALL_TAG | bits & SMALL_BITS)
+    }
+
+    /// Lanes naming the slots of `bits` (at most four), keeping the hint.
+    fn lanes_of(self, bits: impl IntoIterator<Item = usize>) -> Self {
+        let mut lanes = [EMPTY_LANE; 4];
+        for (lane, s) in lanes.iter_mut().zip(bits) {
+            *lane = s as u16;
+        }
+        self.with_lanes(lanes)
+    }
+
     /// Whether no pod holds the block.
     #[inline]
     pub(crate) fn is_empty(self) -> bool {
@@ -261,6 +297,9 @@ impl Holders {
     /// The holders as a bitmap.
     #[inline(always)]
     pub(crate) fn to_bitmap<const W: usize>(self, slab: &impl Bitmaps<W>) -> HostBitmap<W> {
+        if let Some(bits) = self.small() {
+            return HostBitmap::from_words(std::array::from_fn(|k| if k == 0 { bits } else { 0 }));
+        }
         match self.slab_index() {
             Some(i) => slab.bitmap(i),
             None => {
@@ -292,6 +331,12 @@ impl Holders {
         slab: &impl Bitmaps<W>,
         candidates: &HostBitmap<W>,
     ) -> HostBitmap<W> {
+        if let Some(bits) = self.small() {
+            let c = candidates.words()[0];
+            return HostBitmap::from_words(std::array::from_fn(
+                |k| if k == 0 { bits & c } else { 0 },
+            ));
+        }
         match self.slab_index() {
             Some(i) => slab.bitmap(i).and(candidates),
             None => {
@@ -308,6 +353,9 @@ impl Holders {
 
     /// Whether `slot` holds the block.
     pub(crate) fn contains<const W: usize>(self, slab: &impl Bitmaps<W>, slot: u16) -> bool {
+        if let Some(bits) = self.small() {
+            return (slot as usize) < SMALL_SLOTS && bits >> slot & 1 != 0;
+        }
         match self.slab_index() {
             Some(i) => slab.bitmap(i).contains(slot as usize),
             None => self.lanes().contains(&slot),
@@ -317,6 +365,9 @@ impl Holders {
     /// The number of pods holding the block.
     #[cfg(test)]
     pub(crate) fn count<const W: usize>(self, slab: &impl Bitmaps<W>) -> u32 {
+        if let Some(bits) = self.small() {
+            return bits.count_ones();
+        }
         match self.slab_index() {
             Some(i) => slab.bitmap(i).count(),
             None => self.lanes().iter().filter(|&&l| l != EMPTY_LANE).count() as u32,
@@ -326,6 +377,18 @@ impl Holders {
     /// Adds `slot`; returns whether it was absent.
     #[inline(always)]
     pub(crate) fn insert<const W: usize>(&mut self, slab: &mut SlabMut<'_, W>, slot: u16) -> bool {
+        if let Some(bits) = self.small() {
+            if (slot as usize) < SMALL_SLOTS {
+                let bit = 1u64 << slot;
+                *self = self.with_small(bits | bit);
+                return bits & bit == 0;
+            }
+            // A slot past the small bitmap: the whole set to the slab.
+            let mut b = self.to_bitmap(slab);
+            b.insert(slot as usize);
+            *self = self.with_slab(slab.alloc(b));
+            return true;
+        }
         if let Some(i) = self.slab_index() {
             let mut b = slab.bitmap(i);
             let new = b.insert(slot as usize);
@@ -341,6 +404,10 @@ impl Holders {
         if let Some(free) = lanes.iter_mut().find(|l| **l == EMPTY_LANE) {
             *free = slot;
             *self = self.with_lanes(lanes);
+            return true;
+        }
+        if let Some(bits) = small_of(lanes.into_iter().chain([slot])) {
+            *self = self.with_small(bits);
             return true;
         }
         let mut b = self.to_bitmap(slab);
@@ -363,18 +430,30 @@ impl Holders {
         slab: &mut SlabMut<'_, W>,
         mask: &HostBitmap<W>,
     ) -> u32 {
+        if let Some(bits) = self.small() {
+            let after = bits & !mask.words()[0];
+            *self = if after.count_ones() <= DEMOTE_AT {
+                self.lanes_of(HostBitmap::<1>::from_words([after]).iter())
+            } else {
+                self.with_small(after)
+            };
+            return (bits ^ after).count_ones();
+        }
         match self.slab_index() {
             Some(i) => {
                 let before = slab.bitmap(i);
                 let after = before.and_not(mask);
                 let removed = before.count() - after.count();
+                let w = after.words();
+                let small =
+                    (w[0] & !SMALL_BITS == 0 && w[1..].iter().all(|&x| x == 0)).then_some(w[0]);
                 if after.count() <= DEMOTE_AT {
                     slab.release(i);
-                    let mut lanes = [EMPTY_LANE; 4];
-                    for (lane, s) in lanes.iter_mut().zip(after.iter()) {
-                        *lane = s as u16;
-                    }
-                    *self = self.with_lanes(lanes);
+                    *self = self.lanes_of(after.iter());
+                } else if let Some(bits) = small {
+                    // Every holder left fits the cell: the bitmap goes.
+                    slab.release(i);
+                    *self = self.with_small(bits);
                 } else if removed > 0 {
                     slab.set(i, after);
                 }
@@ -490,7 +569,100 @@ mod tests {
         assert_eq!(h.and(&slab, &cand), h.to_bitmap(&slab).and(&cand));
     }
 
+    #[test]
+    fn a_small_fleet_stays_in_the_cell() {
+        let (slab, mut st) = (Slab::<4>::default(), SlabState::default());
+        let mut slab = slab.write(&mut st);
+        let mut h = Holders::EMPTY;
+        h.set_hint(77);
+        for s in 0..SMALL_SLOTS as u16 {
+            assert!(h.insert(&mut slab, s));
+            assert!(!h.insert(&mut slab, s));
+        }
+        assert!(!h.is_slab(), "46 pods below slot 46 need no slab bitmap");
+        assert_eq!(slab.live(), 0);
+        assert_eq!(h.count(&slab), 46);
+        assert_eq!(h.hint(), 77);
+        assert!(h.insert(&mut slab, 46), "slot 46 is past the small bitmap");
+        assert!(h.is_slab());
+        assert_eq!(h.count(&slab), 47);
+        let high: HostBitmap<4> = [46].into_iter().collect();
+        assert_eq!(h.remove_mask(&mut slab, &high), 1);
+        assert!(!h.is_slab(), "back in the cell once every holder fits");
+        assert_eq!(slab.live(), 0, "its bitmap released");
+        let most: HostBitmap<4> = (2..SMALL_SLOTS).collect();
+        assert_eq!(h.remove_mask(&mut slab, &most), 44);
+        assert_eq!(h.to_bitmap(&slab), [0, 1].into_iter().collect());
+        assert_eq!(h.hint(), 77);
+    }
+
+    /// One operation on a holders record: insert a slot, or remove a set.
+    #[derive(Clone, Debug)]
+    enum Op {
+        Insert(u16),
+        Remove(Vec<u16>),
+    }
+
+    /// Every form (lanes, small bitmap, slab) against a set: the same
+    /// members after any sequence of inserts and removes, `and` equal to
+    /// the bitmap's AND, and no slab bitmap left behind once the record no
+    /// longer uses one.
+    fn follows_a_set<const W: usize>(ops: &[Op], cand: &[u16]) {
+        let (s, mut st) = (Slab::<W>::default(), SlabState::default());
+        let mut slab = s.write(&mut st);
+        let mut h = Holders::EMPTY;
+        h.set_hint(0x1234);
+        let mut model = std::collections::BTreeSet::new();
+        let cap = (W * 64) as u16;
+        for op in ops {
+            match op {
+                Op::Insert(x) => {
+                    let x = x % cap;
+                    assert_eq!(h.insert(&mut slab, x), model.insert(x));
+                }
+                Op::Remove(xs) => {
+                    let mask: HostBitmap<W> = xs.iter().map(|&x| (x % cap) as usize).collect();
+                    let gone = model.iter().filter(|&&x| mask.contains(x as usize)).count();
+                    model.retain(|&x| !mask.contains(x as usize));
+                    assert_eq!(h.remove_mask(&mut slab, &mask) as usize, gone);
+                }
+            }
+            let want: HostBitmap<W> = model.iter().map(|&x| x as usize).collect();
+            assert_eq!(h.to_bitmap(&slab), want);
+            assert_eq!(h.count(&slab) as usize, model.len());
+            assert_eq!(h.is_empty(), model.is_empty());
+            assert_eq!(h.hint(), 0x1234);
+            assert_eq!(slab.live(), usize::from(h.is_slab()));
+            let c: HostBitmap<W> = cand.iter().map(|&x| (x % cap) as usize).collect();
+            assert_eq!(h.and(&slab, &c), want.and(&c));
+            for x in [0u16, 45, 46, 47, 63, cap - 1] {
+                assert_eq!(h.contains(&slab, x), model.contains(&x));
+            }
+        }
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        // Mostly slots of a small fleet, some past it, so every form and
+        // every change between forms is met.
+        let slot = prop_oneof![4 => 0u16..50, 1 => 0u16..1024];
+        prop_oneof![
+            3 => slot.clone().prop_map(Op::Insert),
+            1 => proptest::collection::vec(slot, 0..12).prop_map(Op::Remove),
+        ]
+    }
+
     proptest::proptest! {
+        #[test]
+        fn every_form_follows_a_set_model(
+            ops in proptest::collection::vec(op(), 0..80),
+            cand in proptest::collection::vec(0u16..1024, 0..64),
+        ) {
+            follows_a_set::<1>(&ops, &cand);
+            follows_a_set::<4>(&ops, &cand);
+            follows_a_set::<16>(&ops, &cand);
+        }
+
         #[test]
         fn inline_and_agrees_with_the_bitmap_at_every_width(
             slots in proptest::collection::vec(0u16..1024, 0..=4),

@@ -135,7 +135,9 @@ pub struct IndexStats {
     pub entries: u64,
     /// (block, pod) pairs: the sum over blocks of the pods holding them.
     pub residencies: u64,
-    /// Blocks whose holders are kept as a full bitmap (more than 4 pods).
+    /// Blocks whose holders are kept as a full bitmap in the slab: more
+    /// than 4 pods, one of them at slot 46 or above (blocks of a smaller
+    /// fleet keep up to 46 pods in their cell).
     pub bitmap_entries: u64,
     /// Bytes allocated by the block maps, bitmaps and tier records.
     pub bytes: u64,

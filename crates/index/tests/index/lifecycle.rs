@@ -185,19 +185,34 @@ fn background_sweep_runs_on_its_own() {
 #[test]
 fn stats_count_entries_residencies_and_bitmaps() {
     let index = manual_index();
-    let pods = join_n(&index, 8);
+    let pods = join_n(&index, 48);
     let c = chain(1, 10);
-    for p in &pods {
+    for p in &pods[..8] {
         store(&index, *p, &c[..5]);
     }
     store(&index, pods[0], &c[5..]);
     let st = index.stats();
     assert_eq!(
         (st.entries, st.residencies, st.bitmap_entries, st.pods_live),
-        (10, 45, 5, 8)
+        (10, 45, 0, 48),
+        "eight pods below slot 46 stay in the cell"
     );
-    assert!(st.bytes > 0);
-    assert_eq!(st.events_applied, 9);
+    let small = st.bytes;
+    assert!(small > 0);
+    assert_eq!(pods[47].slot(), 47);
+    store(&index, pods[47], &c[..5]);
+    let st = index.stats();
+    assert_eq!(
+        (st.entries, st.residencies, st.bitmap_entries),
+        (10, 50, 5),
+        "a ninth pod past slot 45 moves the five blocks to slab bitmaps"
+    );
+    assert!(st.bytes > small);
+    assert_eq!(st.events_applied, 10);
+    let m = index.match_prefix(&c);
+    assert_eq!(m.blocks_for(pods[0]), 10);
+    assert_eq!(m.blocks_for(pods[7]), 5);
+    assert_eq!(m.blocks_for(pods[47]), 5);
 }
 
 #[test]
