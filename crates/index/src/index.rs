@@ -699,6 +699,7 @@ impl<const W: usize> Index<W> {
     /// write path would have passed on as the block's holders and hint:
     /// `None` for a block no pod holds.
     #[allow(clippy::option_option)] // outer: skippable; inner: the entry, as the write path has it
+    #[inline(always)]
     fn unchanged(
         &self,
         guard: &Guard,
