@@ -31,7 +31,13 @@
 //! to overlap them: a pair's two reads are begun before either is
 //! finished, a short chain whose pods outnumber its blocks is scanned in
 //! batches of reads all begun at once ([`IndexConfig::short_scan`]), and a
-//! write prefetches the shards and cells of the blocks ahead of it.
+//! write prefetches the shards and cells of the blocks ahead of it. A
+//! block's holders live in its 16-byte cell (up to four slots, or a 46-bit
+//! bitmap while every holder's slot is below 46), so only a block held by
+//! more than four pods of a larger fleet costs a second line. An embedder
+//! that knows how many blocks its fleet caches can size the tables up
+//! front ([`IndexConfig::capacity`]), so stores never wait for a table to
+//! double.
 //!
 //! # Invariants
 //!
