@@ -150,20 +150,33 @@ fn racing_store_model(paired_opening_from: usize) {
 }
 
 /// A query racing a store that moves block `chain[at]` from inline lanes
-/// into the slab (allocating and publishing the slab's first array), then
-/// removals that move it back (the bitmap is released before the entry
-/// names its lanes again). Five pods hold the blocks before it; four hold
-/// it; the writer adds the fifth, then takes it from the first three. The
-/// query, reading without a lock, sees the block's holders as they were
-/// between two of these events, never a mix: each pod at depth `at + 1`
-/// or `at`.
-fn slab_promotion_race(chain: &'static [BlockHash], at: usize) {
-    loom::model(move || {
+/// into a bitmap, then removals that move it back. With `idle` pods joined
+/// first so that the five racing pods take slots from 46 on, the bitmap is
+/// the slab's (allocating and publishing the slab's first array; the
+/// bitmap is released before the entry names its lanes again); with none,
+/// it is the cell's own small bitmap (one word changes). Five pods hold
+/// the blocks before it; four hold it; the writer adds the fifth, then
+/// takes it from the first three. The query, reading without a lock, sees
+/// the block's holders as they were between two of these events, never a
+/// mix: each pod at depth `at + 1` or `at`.
+fn promotion_race(chain: &'static [BlockHash], at: usize, idle: usize) {
+    // The idle pods' joins run before any thread is spawned, so they add
+    // loads to each execution, not interleavings: room for them.
+    let mut model = loom::model::Builder::new();
+    model.max_branches = 20_000;
+    model.check(move || {
         let index = small_index();
+        for i in 0..idle {
+            index.join(&key(&format!("idle-{i}"))).unwrap();
+        }
         let pods: Vec<_> = ["a", "b", "c", "d", "e"]
             .iter()
             .map(|n| index.join(&key(n)).unwrap())
             .collect();
+        let slab = pods
+            .iter()
+            .all(|p| p.slot() as usize >= crate::holders::SMALL_SLOTS);
+        assert_eq!(slab, idle >= crate::holders::SMALL_SLOTS);
         let block = &chain[at..=at];
         for &p in &pods {
             if at > 0 {
@@ -209,7 +222,13 @@ fn slab_promotion_race(chain: &'static [BlockHash], at: usize) {
 /// The race met by a one-block query's probe.
 #[test]
 fn loom_a_lock_free_read_racing_slab_promotion_sees_before_or_after() {
-    slab_promotion_race(&[BlockHash(5)], 0);
+    promotion_race(&[BlockHash(5)], 0, crate::holders::SMALL_SLOTS);
+}
+
+/// The same race where the five pods' slots fit the cell's small bitmap.
+#[test]
+fn loom_a_lock_free_read_racing_promotion_in_the_cell_sees_before_or_after() {
+    promotion_race(&[BlockHash(5)], 0, 0);
 }
 
 /// The race met by a short chain's scan, whose read of the middle block
@@ -217,7 +236,11 @@ fn loom_a_lock_free_read_racing_slab_promotion_sees_before_or_after() {
 /// blocks' reads are begun).
 #[test]
 fn loom_a_staged_scan_read_racing_slab_promotion_sees_before_or_after() {
-    slab_promotion_race(&[BlockHash(11), BlockHash(12), BlockHash(13)], 1);
+    promotion_race(
+        &[BlockHash(11), BlockHash(12), BlockHash(13)],
+        1,
+        crate::holders::SMALL_SLOTS,
+    );
 }
 
 /// A query racing the store that grows a shard's table (the 13th entry of

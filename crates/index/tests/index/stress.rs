@@ -31,6 +31,13 @@ fn concurrent_writers_readers_and_churn_keep_the_invariants() {
     let chains: Arc<Vec<Vec<BlockHash>>> = Arc::new((0..16).map(|s| chain(s, 64)).collect());
     let dead: Arc<Mutex<HashSet<PodId>>> = Arc::default();
     let stop = Arc::new(AtomicBool::new(false));
+    // Forty idle pods first, so the writers' pods take slots 40 to 55:
+    // blocks held widely then keep their holders in the cell while every
+    // holder's slot is below 46 and in the slab otherwise, and the writers
+    // move them between the forms while the reader reads.
+    for i in 0..40 {
+        index.join(&PodKey::new(format!("idle-{i}"), 0)).unwrap();
+    }
     let mut writers = Vec::new();
     // Two writers, each owning 8 stable pods: model = blocks each pod holds.
     for w in 0..2u64 {
@@ -144,6 +151,7 @@ fn concurrent_writers_readers_and_churn_keep_the_invariants() {
         }
     }
     let st = index.stats();
+    assert!(st.bitmap_entries > 0, "the slab form was exercised");
     assert_eq!(st.residencies, residencies, "swept pods left bits behind");
     assert_eq!(st.entries, entries.len() as u64);
     for c in chains.iter() {
