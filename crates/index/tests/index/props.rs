@@ -6,7 +6,7 @@ use proptest::prelude::*;
 use router_core::{BlockHash, CacheEvent, CacheEventSink, PodDirectory, PrefixIndex, Tier};
 use router_index::{Index, IndexConfig};
 
-use super::{chain, join_n, manual_index, store};
+use super::{chain, join_n, key, manual_index, store};
 
 fn config(linear_span: usize, shard_bits: u32, short_scan: usize) -> IndexConfig {
     IndexConfig::default()
@@ -18,6 +18,18 @@ fn config(linear_span: usize, shard_bits: u32, short_scan: usize) -> IndexConfig
 
 /// Short-chain scan thresholds: off, within the chains drawn, and past
 /// all of them.
+/// `n` pods; with `wide`, after 46 idle ones, so their slots are past the
+/// cell's small bitmap and a block on five or more of them is kept in the
+/// slab. Without, every form the cell has: lanes and the small bitmap.
+fn join_past_idle(index: &Index, n: usize, wide: bool) -> Vec<router_core::PodId> {
+    if wide {
+        join_n(index, 46);
+        (46..46 + n).map(|i| index.join(&key(i)).unwrap()).collect()
+    } else {
+        join_n(index, n)
+    }
+}
+
 fn short_scan() -> impl Strategy<Value = usize> {
     prop::sample::select(vec![0usize, 2, 8, 32, 1000])
 }
@@ -32,9 +44,10 @@ proptest! {
         depths in prop::collection::vec(0usize..=80, 1..40),
         noise in prop::collection::vec((0usize..20, 1usize..40), 0..10),
         span in 0usize..6, bits in 0u32..9, short in short_scan(),
+        wide in any::<bool>(),
     ) {
         let index = Index::<4>::new(config(span, bits, short));
-        let pods = join_n(&index, depths.len());
+        let pods = join_past_idle(&index, depths.len(), wide);
         let c = chain(1, n);
         let mut want = HashMap::new();
         for (pod, &d) in pods.iter().zip(&depths) {
@@ -83,9 +96,10 @@ proptest! {
         dead in prop::collection::vec(any::<bool>(), 12),
         span in 0usize..6,
         short in short_scan(),
+        wide in any::<bool>(),
     ) {
         let index = Index::<4>::new(config(span, 8, short));
-        let pods = join_n(&index, held.len());
+        let pods = join_past_idle(&index, held.len(), wide);
         let c = chain(7, n);
         for (pod, mask) in pods.iter().zip(&held) {
             let blocks: Vec<BlockHash> =
@@ -214,9 +228,10 @@ proptest! {
         steps in prop::collection::vec(step(), 1..40),
         span in 0usize..6,
         short in short_scan(),
+        wide in any::<bool>(),
     ) {
         let index = Index::<4>::new(config(span, 8, short));
-        let pods = join_n(&index, 12);
+        let pods = join_past_idle(&index, 12, wide);
         let c = chain(1, n);
         let mut depth = [0usize; 12];
         for st in steps {
