@@ -45,7 +45,8 @@ fn small_of(slots: impl IntoIterator<Item = u16>) -> Option<u64> {
     })
 }
 
-/// Up to four slots inline, or a slab index; and a run hint.
+/// Up to four slots inline, a small bitmap inline, or a slab index; and a
+/// run hint.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) struct Holders(u64);
 
