@@ -62,6 +62,13 @@ fn cell(lines: &[Line], i: usize) -> (&AtomicU64, &AtomicU64) {
     (&w[j], &w[j + 1])
 }
 
+/// Whether `entries` entries keep a table of `cells` cells within the load
+/// bound (4/5), which both growth and [`MapMut::reserve`] size by.
+#[inline]
+fn within_load(entries: usize, cells: usize) -> bool {
+    entries.saturating_mul(5) <= cells.saturating_mul(4)
+}
+
 #[inline]
 fn home(key: u64, cells: usize) -> usize {
     router_core::mix64(key) as usize & (cells - 1)
@@ -205,7 +212,7 @@ impl MapMut<'_> {
             }
             return ZERO_AT;
         }
-        if (self.st.len + 1) * 5 > self.lines().len() * CELLS * 4 {
+        if !within_load(self.st.len + 1, self.lines().len() * CELLS) {
             self.grow();
         }
         let lines = self.lines();
@@ -235,8 +242,10 @@ impl MapMut<'_> {
     /// side word aside) without passing the load bound: a table of the
     /// size growth would have reached.
     pub(crate) fn reserve(&mut self, entries: usize) {
-        let cells = (entries.saturating_mul(5) / 4 + 1).next_power_of_two();
-        let lines = (cells / CELLS).max(MIN_LINES);
+        let mut lines = MIN_LINES;
+        while !within_load(entries, lines * CELLS) {
+            lines *= 2;
+        }
         if lines > self.lines().len() {
             self.resize(lines);
         }
