@@ -4,7 +4,7 @@
 //!
 //! ```sh
 //! cargo run --release -p router-bench --features peers --bin cost -- \
-//!     [--subject router-index|kv-index] [--n 1024 --k 64 --chains 8 | --w1 | --w3 | --w4] --queries 1000 \\
+//!     [--subject router-index|kv-index] [--n 1024 --k 64 --chains 8 | --w1 | --w3 | --w4] --queries 1000 \
 //!     [--capacity BLOCKS]
 //! ```
 //!
@@ -186,6 +186,10 @@ fn main() {
     // W3's run interleaves its events with its queries: the time per query
     // then includes them.
     let events = w.run.len() - queries;
+    if queries == 0 && events == 0 {
+        println!("{} on {}: {setup}; nothing run", args.subject, w.name);
+        return;
+    }
     if queries == 0 {
         println!(
             "{} on {}: {setup}; {events} events run ({:.0} ns per event)",
