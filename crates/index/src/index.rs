@@ -50,7 +50,7 @@ pub struct IndexConfig {
     /// `HashMap::with_capacity` takes one: every shard's table is made at
     /// once as large as that many blocks spread over the shards would grow
     /// it, so stores up to there never stop to double a table and re-place
-    /// its keys (about a seventh of a new block's store, measured on W1).
+    /// its keys (about a quarter of a new block's store, measured on W1).
     /// A fleet's KV capacity in blocks (pods x blocks per pod) is the
     /// natural figure; each block reserved costs about 20 to 40 bytes up
     /// front. At most [`IndexConfig::MAX_CAPACITY`].
