@@ -4,11 +4,16 @@
 //! cargo run --release -p router-bench --features peers --bin compare -- [--quick] [--loaded] [--only W1,W2,W3,W4]
 //! ```
 //!
-//! Every subject runs the same seeded workloads in one process, one after
-//! the other, and sampled query answers are compared across subjects.
-//! Without the `peers` feature only router-index runs.
+//! Every subject runs the same seeded workloads, each workload in a fresh
+//! process of its own (this binary again, with `--child`), so no subject
+//! inherits another's heap, page faults or caches: in one shared process
+//! the subject run first paid the page faults of every later one's memory
+//! (W1's stores ran up to 1.3x faster for the same index run last).
+//! Sampled query answers are compared across subjects. Without the `peers`
+//! feature only router-index runs.
 
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
@@ -16,6 +21,7 @@ use std::time::Instant;
 use router_bench::quantile_us;
 use router_bench::subject::{Ours, Subject};
 use router_bench::workload::{self, Op, Rng, Workload};
+use serde_json::{Value, json};
 
 /// Counts live heap bytes, to measure each index's memory.
 struct Counting;
@@ -72,7 +78,7 @@ fn subjects() -> Vec<(&'static str, Factory)> {
 /// What one subject did on one workload.
 #[derive(Default)]
 struct Outcome {
-    name: &'static str,
+    name: String,
     query_ns: Vec<u64>,
     setup_blocks: u64,
     setup_events: u64,
@@ -85,6 +91,110 @@ struct Outcome {
     answers: Vec<Vec<(u32, u32)>>,
     /// Probes per query, for subjects that count them.
     probes: Option<f64>,
+    /// W4: the writer's events per second.
+    writer_rate: f64,
+}
+
+impl Outcome {
+    /// The outcome as one line of JSON, from a child process.
+    fn to_json(&self) -> Value {
+        json!({
+            "name": self.name,
+            "query_ns": self.query_ns,
+            "setup_blocks": self.setup_blocks,
+            "setup_events": self.setup_events,
+            "setup_secs": self.setup_secs,
+            "run_events": self.run_events,
+            "run_blocks": self.run_blocks,
+            "run_secs": self.run_secs,
+            "bytes": self.bytes,
+            "residencies": self.residencies,
+            "answers": self.answers,
+            "probes": self.probes,
+            "writer_rate": self.writer_rate,
+        })
+    }
+
+    /// Reads what [`Outcome::to_json`] wrote.
+    fn from_json(v: &Value) -> Option<Outcome> {
+        let u = |k: &str| v.get(k).and_then(Value::as_u64);
+        let f = |k: &str| v.get(k).and_then(Value::as_f64);
+        Some(Outcome {
+            name: v.get("name")?.as_str()?.to_owned(),
+            query_ns: serde_json::from_value(v.get("query_ns")?.clone()).ok()?,
+            setup_blocks: u("setup_blocks")?,
+            setup_events: u("setup_events")?,
+            setup_secs: f("setup_secs")?,
+            run_events: u("run_events")?,
+            run_blocks: u("run_blocks")?,
+            run_secs: f("run_secs")?,
+            bytes: v.get("bytes")?.as_i64()?,
+            residencies: u("residencies")?,
+            answers: serde_json::from_value(v.get("answers")?.clone()).ok()?,
+            probes: f("probes"),
+            writer_rate: f("writer_rate")?,
+        })
+    }
+}
+
+/// The prefix of the child's one line of output.
+const OUTCOME: &str = "OUTCOME ";
+
+/// Runs `workload` once per subject, each in a fresh process (this binary
+/// with `--child`), and collects the outcomes in subject order.
+fn isolated(workload: &str, quick: bool) -> Vec<Outcome> {
+    let exe = std::env::current_exe().expect("the path of this binary");
+    (0..subjects().len())
+        .map(|i| {
+            let mut cmd = Command::new(&exe);
+            cmd.args(["--child", workload, &i.to_string()]);
+            if quick {
+                cmd.arg("--quick");
+            }
+            let out = cmd.output().expect("a child process of compare");
+            let text = String::from_utf8_lossy(&out.stdout);
+            let line = text.lines().find_map(|l| l.strip_prefix(OUTCOME));
+            match line
+                .and_then(|l| serde_json::from_str(l).ok())
+                .as_ref()
+                .and_then(Outcome::from_json)
+            {
+                Some(o) => o,
+                None => {
+                    eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+                    panic!(
+                        "{workload}: subject {i}'s process gave no outcome ({})",
+                        out.status
+                    );
+                }
+            }
+        })
+        .collect()
+}
+
+/// In a child process: runs one subject on one workload and prints its
+/// outcome.
+fn child(workload: &str, subject: usize, quick: bool) {
+    let (_, make) = subjects()[subject];
+    let o = if workload == "W1" {
+        run(&w1_workload(quick), make, 16)
+    } else if workload == "W3" {
+        let Some((w, _)) = w3_workload(quick) else {
+            return;
+        };
+        run(&w, make, 8)
+    } else if workload == "W4" {
+        w4_one(&Arc::new(w4_workload(quick)), make, quick)
+    } else if let Some((n, k)) = workload
+        .strip_prefix("W2:")
+        .and_then(|nk| nk.split_once(':'))
+        .and_then(|(n, k)| Some((n.parse().ok()?, k.parse().ok()?)))
+    {
+        run(&w2_workload(n, k, quick), make, 50)
+    } else {
+        panic!("unknown workload {workload}");
+    };
+    println!("{OUTCOME}{}", o.to_json());
 }
 
 /// Runs a workload: setup (timed as a whole), then the run phase with every
@@ -93,7 +203,7 @@ fn run(w: &Workload, make: Factory, sample: usize) -> Outcome {
     let before = LIVE.load(Ordering::Relaxed) as i64;
     let s = make(w.pods);
     let mut o = Outcome {
-        name: s.name(),
+        name: s.name().to_owned(),
         ..Outcome::default()
     };
     let t = Instant::now();
@@ -225,12 +335,13 @@ fn query_table(title: &str, outcomes: &[Outcome], extra: &[(&str, Vec<String>)])
     }
 }
 
+fn w1_workload(quick: bool) -> Workload {
+    workload::w1(1, if quick { 4_000 } else { 40_000 })
+}
+
 fn w1(quick: bool) {
-    let w = workload::w1(1, if quick { 4_000 } else { 40_000 });
-    let outcomes: Vec<Outcome> = subjects()
-        .into_iter()
-        .map(|(_, f)| run(&w, f, 16))
-        .collect();
+    let w = w1_workload(quick);
+    let outcomes = isolated("W1", quick);
     let stores: Vec<String> = outcomes
         .iter()
         .map(|o| format!("{:.1} M", o.setup_blocks as f64 / o.setup_secs / 1e6))
@@ -254,6 +365,13 @@ fn w1(quick: bool) {
     );
 }
 
+fn w2_workload(n: usize, k: usize, quick: bool) -> Workload {
+    // About 2^17 blocks per workload, whatever the chain length: far more
+    // state than the caches hold, for every subject.
+    let chains = ((1usize << 17) / n).max(1);
+    workload::w2(2, n, k, chains, if quick { 300 } else { 3_000 })
+}
+
 fn w2(quick: bool) {
     let ns: &[usize] = if quick { &[1024] } else { &[32, 1024, 4096] };
     for &n in ns {
@@ -261,14 +379,8 @@ fn w2(quick: bool) {
             if k > n {
                 continue;
             }
-            // About 2^17 blocks per workload, whatever the chain length:
-            // far more state than the caches hold, for every subject.
-            let chains = ((1usize << 17) / n).max(1);
-            let w = workload::w2(2, n, k, chains, if quick { 300 } else { 3_000 });
-            let outcomes: Vec<Outcome> = subjects()
-                .into_iter()
-                .map(|(_, f)| run(&w, f, 50))
-                .collect();
+            let w = w2_workload(n, k, quick);
+            let outcomes = isolated(&format!("W2:{n}:{k}"), quick);
             let bytes: Vec<String> = outcomes
                 .iter()
                 .map(|o| format!("{:.2}", o.bytes as f64 / o.residencies as f64))
@@ -278,21 +390,29 @@ fn w2(quick: bool) {
     }
 }
 
-fn w3(quick: bool) {
+/// W3's workload and the trace's unreadable lines, or `None` (said on
+/// stdout) without the trace.
+fn w3_workload(quick: bool) -> Option<(Workload, usize)> {
     let path = workload::TRACE_PATH;
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
         Err(e) => {
             println!("\nW3 skipped: cannot read {path}: {e}");
-            return;
+            return None;
         }
     };
     let (mut reqs, bad) = workload::read_trace(&text);
     if quick {
         reqs.truncate(4_000);
     }
-    let w = workload::w3(&reqs, 8, 4096);
-    let outcomes: Vec<Outcome> = subjects().into_iter().map(|(_, f)| run(&w, f, 8)).collect();
+    Some((workload::w3(&reqs, 8, 4096), bad))
+}
+
+fn w3(quick: bool) {
+    let Some((w, bad)) = w3_workload(quick) else {
+        return;
+    };
+    let outcomes = isolated("W3", quick);
     let events: Vec<String> = outcomes
         .iter()
         .map(|o| format!("{:.2} M", o.run_blocks as f64 / o.run_secs / 1e6))
@@ -304,80 +424,81 @@ fn w3(quick: bool) {
     );
 }
 
-/// W4: a writer thread applies store/remove events of W1 at full speed
-/// while the main thread queries.
-fn w4(quick: bool) {
-    let w = Arc::new(workload::w1(4, if quick { 4_000 } else { 40_000 }));
-    let mut outcomes = Vec::new();
-    let mut writer_rates = Vec::new();
-    for (_, make) in subjects() {
-        let s: Arc<dyn Subject> = Arc::from(make(w.pods));
-        for op in &w.setup {
-            apply(&*s, &w, op, &mut 0);
-        }
-        s.flush();
-        let stop = Arc::new(AtomicBool::new(false));
-        let applied = Arc::new(AtomicU64::new(0));
-        let writer = {
-            let (s, w, stop, applied) = (s.clone(), w.clone(), stop.clone(), applied.clone());
-            std::thread::spawn(move || {
-                let mut rng = Rng::new(9);
-                let mut n = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    apply(&*s, &w, &workload::w4_event(&w, &mut rng), &mut 0);
-                    n += 1;
-                    if n % 64 == 0 {
-                        s.flush(); // keeps an asynchronous index's queue bounded
-                        applied.store(n, Ordering::Relaxed);
-                    }
-                }
-                applied.store(n, Ordering::Relaxed);
-            })
-        };
-        let mut o = Outcome {
-            name: s.name(),
-            ..Outcome::default()
-        };
-        let mut out = Vec::new();
-        // Query for a fixed time, cycling through W1's queries, so the
-        // writer runs the whole time whatever the query speed.
-        let span = std::time::Duration::from_millis(if quick { 300 } else { 2000 });
-        let t = Instant::now();
-        'outer: loop {
-            for op in &w.run {
-                if let Op::Query { chain } = op {
-                    out.clear();
-                    let q = Instant::now();
-                    s.query(&w.chains[*chain as usize], &mut out);
-                    o.query_ns.push(q.elapsed().as_nanos() as u64);
-                }
-                if o.query_ns.len() % 1024 == 0 && t.elapsed() >= span {
-                    break 'outer;
+fn w4_workload(quick: bool) -> Workload {
+    workload::w1(4, if quick { 4_000 } else { 40_000 })
+}
+
+/// W4 for one subject: a writer thread applies store/remove events of W1
+/// at full speed while this thread queries.
+fn w4_one(w: &Arc<Workload>, make: Factory, quick: bool) -> Outcome {
+    let s: Arc<dyn Subject> = Arc::from(make(w.pods));
+    for op in &w.setup {
+        apply(&*s, w, op, &mut 0);
+    }
+    s.flush();
+    let stop = Arc::new(AtomicBool::new(false));
+    let applied = Arc::new(AtomicU64::new(0));
+    let writer = {
+        let (s, w, stop, applied) = (s.clone(), w.clone(), stop.clone(), applied.clone());
+        std::thread::spawn(move || {
+            let mut rng = Rng::new(9);
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                apply(&*s, &w, &workload::w4_event(&w, &mut rng), &mut 0);
+                n += 1;
+                if n % 64 == 0 {
+                    s.flush(); // keeps an asynchronous index's queue bounded
+                    applied.store(n, Ordering::Relaxed);
                 }
             }
+            applied.store(n, Ordering::Relaxed);
+        })
+    };
+    let mut o = Outcome {
+        name: s.name().to_owned(),
+        ..Outcome::default()
+    };
+    let mut out = Vec::new();
+    // Query for a fixed time, cycling through W1's queries, so the writer
+    // runs the whole time whatever the query speed.
+    let span = std::time::Duration::from_millis(if quick { 300 } else { 2000 });
+    let t = Instant::now();
+    'outer: loop {
+        for op in &w.run {
+            if let Op::Query { chain } = op {
+                out.clear();
+                let q = Instant::now();
+                s.query(&w.chains[*chain as usize], &mut out);
+                o.query_ns.push(q.elapsed().as_nanos() as u64);
+            }
+            if o.query_ns.len() % 1024 == 0 && t.elapsed() >= span {
+                break 'outer;
+            }
         }
-        let secs = t.elapsed().as_secs_f64();
-        stop.store(true, Ordering::Relaxed);
-        writer.join().expect("writer thread");
-        o.query_ns.sort_unstable();
-        writer_rates.push(format!(
-            "{:.0} k",
-            applied.load(Ordering::Relaxed) as f64 / secs / 1e3
-        ));
-        outcomes.push(o);
     }
+    let secs = t.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    writer.join().expect("writer thread");
+    o.query_ns.sort_unstable();
+    o.writer_rate = applied.load(Ordering::Relaxed) as f64 / secs;
+    o
+}
+
+/// W4: reader latency and writer speed, each subject in its own process.
+fn w4(quick: bool) {
+    let outcomes = isolated("W4", quick);
     println!("\n### W4 concurrent: reader latency under a full-speed writer\n");
     println!(
         "| index | reader p50 (us) | reader p99 (us) | writer events/s (store 128 blocks or remove 64) |"
     );
     println!("|---|---:|---:|---:|");
-    for (o, r) in outcomes.iter().zip(writer_rates) {
+    for o in &outcomes {
         println!(
-            "| {} | {} | {} | {} |",
+            "| {} | {} | {} | {:.0} k |",
             o.name,
             us(quantile_us(&o.query_ns, 0.5)),
             us(quantile_us(&o.query_ns, 0.99)),
-            r
+            o.writer_rate / 1e3
         );
     }
 }
@@ -451,6 +572,17 @@ fn start_background_load(mib: usize) {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let quick = args.iter().any(|a| a == "--quick");
+    if let Some(i) = args.iter().position(|a| a == "--child") {
+        let (Some(workload), Some(subject)) = (
+            args.get(i + 1),
+            args.get(i + 2).and_then(|s| s.parse::<usize>().ok()),
+        ) else {
+            eprintln!("usage: compare --child <W1|W2:n:k|W3|W4> <subject index> [--quick]");
+            std::process::exit(2);
+        };
+        child(workload, subject, quick);
+        return;
+    }
     if args.iter().any(|a| a == "--loaded") {
         println!("loaded: a background thread streams through 256 MiB the whole run");
         start_background_load(256);
