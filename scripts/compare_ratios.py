@@ -3,10 +3,13 @@
 output, the median of several runs of each mode, with the range.
 
     scripts/compare_ratios.py --idle idle1.txt idle2.txt ... --loaded loaded1.txt ...
+    scripts/compare_ratios.py --tables idle.txt loaded.txt
 
 Latencies are compared as the best peer's time over router-index's,
 throughputs as router-index's over the best peer's: above 1, router-index
-is ahead.
+is ahead. `--tables` instead merges one idle and one loaded run into the
+tables of docs/BENCHMARKS.md: both modes' latencies, the idle run's other
+columns.
 """
 import re
 import statistics
@@ -21,6 +24,55 @@ def number(cell):
         return None
     scale = {"": 1, "k": 1e3, "M": 1e6}[m.group(2)]
     return float(m.group(1)) * scale
+
+
+def tables(path):
+    """[(title line, header cells, [row cells], trailing text lines)]."""
+    out = []
+    for line in open(path):
+        line = line.rstrip("\n")
+        if line.startswith("### "):
+            out.append([line[4:], None, [], []])
+        elif not out:
+            continue
+        elif line.startswith("|---"):
+            continue
+        elif line.startswith("|"):
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            if out[-1][1] is None:
+                out[-1][1] = cells
+            else:
+                out[-1][2].append(cells)
+        elif line.strip():
+            out[-1][3].append(line.strip())
+    return out
+
+
+def merged(idle, loaded):
+    for (title, head, body, notes), (_, lhead, lbody, lnotes) in zip(tables(idle), tables(loaded)):
+        print(f"#### {title}\n")
+        if head[0] != "index":
+            print("| " + " | ".join(head) + " |")
+            print("|" + "---:|" * len(head))
+            for r in body:
+                print("| " + " | ".join(r) + " |")
+            print()
+            continue
+        lat = [j for j, h in enumerate(head) if "(us)" in h]
+        rest = [j for j in range(1, len(head)) if j not in lat]
+        cols = [f"idle {head[j]}" for j in lat] + [f"loaded {head[j]}" for j in lat]
+        cols += [f"{head[j]} (idle)" for j in rest]
+        print("| index | " + " | ".join(cols) + " |")
+        print("|---|" + "---:|" * len(cols))
+        lrows = {r[0]: r for r in lbody}
+        for r in body:
+            lr = lrows.get(r[0], ["-"] * len(r))
+            cells = [r[j] for j in lat] + [lr[j] for j in lat] + [r[j] for j in rest]
+            print(f"| {r[0]} | " + " | ".join(cells) + " |")
+        for n, ln in zip(notes, lnotes + [""] * len(notes)):
+            extra = f" (loaded run: {ln.split(': ', 1)[-1]})" if ln else ""
+            print(f"\n{n}{extra}")
+        print()
 
 
 def rows(path):
@@ -68,6 +120,9 @@ def rows(path):
 
 
 def main():
+    if sys.argv[1:2] == ["--tables"] and len(sys.argv) == 4:
+        merged(sys.argv[2], sys.argv[3])
+        return
     modes, mode = {"idle": [], "loaded": []}, None
     for a in sys.argv[1:]:
         if a in ("--idle", "--loaded"):
