@@ -175,7 +175,10 @@ fn isolated(workload: &str, quick: bool) -> Vec<Outcome> {
 /// In a child process: runs one subject on one workload and prints its
 /// outcome.
 fn child(workload: &str, subject: usize, quick: bool) {
-    let (_, make) = subjects()[subject];
+    let Some(&(_, make)) = subjects().get(subject) else {
+        eprintln!("no subject {subject} (0 to {})", subjects().len() - 1);
+        std::process::exit(2);
+    };
     let o = if workload == "W1" {
         run(&w1_workload(quick), make, 16)
     } else if workload == "W3" {
@@ -192,7 +195,8 @@ fn child(workload: &str, subject: usize, quick: bool) {
     {
         run(&w2_workload(n, k, quick), make, 50)
     } else {
-        panic!("unknown workload {workload}");
+        eprintln!("unknown workload {workload} (W1, W2:<n>:<k>, W3 or W4)");
+        std::process::exit(2);
     };
     println!("{OUTCOME}{}", o.to_json());
 }
