@@ -79,6 +79,8 @@ fn subjects() -> Vec<(&'static str, Factory)> {
 #[derive(Default)]
 struct Outcome {
     name: String,
+    /// The workload's table title, as the child process built it.
+    title: String,
     query_ns: Vec<u64>,
     setup_blocks: u64,
     setup_events: u64,
@@ -100,6 +102,7 @@ impl Outcome {
     fn to_json(&self) -> Value {
         json!({
             "name": self.name,
+            "title": self.title,
             "query_ns": self.query_ns,
             "setup_blocks": self.setup_blocks,
             "setup_events": self.setup_events,
@@ -121,6 +124,7 @@ impl Outcome {
         let f = |k: &str| v.get(k).and_then(Value::as_f64);
         Some(Outcome {
             name: v.get("name")?.as_str()?.to_owned(),
+            title: v.get("title")?.as_str()?.to_owned(),
             query_ns: serde_json::from_value(v.get("query_ns")?.clone()).ok()?,
             setup_blocks: u("setup_blocks")?,
             setup_events: u("setup_events")?,
@@ -179,25 +183,40 @@ fn child(workload: &str, subject: usize, quick: bool) {
         eprintln!("no subject {subject} (0 to {})", subjects().len() - 1);
         std::process::exit(2);
     };
-    let o = if workload == "W1" {
-        run(&w1_workload(quick), make, 16)
+    let (w, sample, title) = if workload == "W1" {
+        let w = workload::w1(1, if quick { 4_000 } else { 40_000 });
+        (w, 16, None)
     } else if workload == "W3" {
-        let Some((w, _)) = w3_workload(quick) else {
-            return;
+        let (w, bad) = match w3_workload(quick) {
+            Ok(wb) => wb,
+            Err(e) => {
+                eprintln!("{e}");
+                std::process::exit(2);
+            }
         };
-        run(&w, make, 8)
+        let title = format!("{} ({bad} unreadable lines)", w.name);
+        (w, 8, Some(title))
     } else if workload == "W4" {
-        w4_one(&Arc::new(w4_workload(quick)), make, quick)
+        let w = Arc::new(workload::w1(4, if quick { 4_000 } else { 40_000 }));
+        let o = w4_one(&w, make, quick);
+        println!("{OUTCOME}{}", o.to_json());
+        return;
     } else if let Some((n, k)) = workload
         .strip_prefix("W2:")
         .and_then(|nk| nk.split_once(':'))
-        .and_then(|(n, k)| Some((n.parse().ok()?, k.parse().ok()?)))
+        .and_then(|(n, k)| Some((n.parse::<usize>().ok()?, k.parse::<usize>().ok()?)))
     {
-        run(&w2_workload(n, k, quick), make, 50)
+        // About 2^17 blocks per workload, whatever the chain length: far
+        // more state than the caches hold, for every subject.
+        let chains = ((1usize << 17) / n).max(1);
+        let w = workload::w2(2, n, k, chains, if quick { 300 } else { 3_000 });
+        (w, 50, None)
     } else {
         eprintln!("unknown workload {workload} (W1, W2:<n>:<k>, W3 or W4)");
         std::process::exit(2);
     };
+    let mut o = run(&w, make, sample);
+    o.title = title.unwrap_or_else(|| w.name.clone());
     println!("{OUTCOME}{}", o.to_json());
 }
 
@@ -339,12 +358,7 @@ fn query_table(title: &str, outcomes: &[Outcome], extra: &[(&str, Vec<String>)])
     }
 }
 
-fn w1_workload(quick: bool) -> Workload {
-    workload::w1(1, if quick { 4_000 } else { 40_000 })
-}
-
 fn w1(quick: bool) {
-    let w = w1_workload(quick);
     let outcomes = isolated("W1", quick);
     let stores: Vec<String> = outcomes
         .iter()
@@ -359,7 +373,7 @@ fn w1(quick: bool) {
         .map(|o| format!("{:.1}", o.bytes as f64 / o.residencies as f64))
         .collect();
     query_table(
-        &w.name,
+        &outcomes[0].title,
         &outcomes,
         &[
             ("stored blocks/s", stores),
@@ -369,13 +383,6 @@ fn w1(quick: bool) {
     );
 }
 
-fn w2_workload(n: usize, k: usize, quick: bool) -> Workload {
-    // About 2^17 blocks per workload, whatever the chain length: far more
-    // state than the caches hold, for every subject.
-    let chains = ((1usize << 17) / n).max(1);
-    workload::w2(2, n, k, chains, if quick { 300 } else { 3_000 })
-}
-
 fn w2(quick: bool) {
     let ns: &[usize] = if quick { &[1024] } else { &[32, 1024, 4096] };
     for &n in ns {
@@ -383,53 +390,48 @@ fn w2(quick: bool) {
             if k > n {
                 continue;
             }
-            let w = w2_workload(n, k, quick);
             let outcomes = isolated(&format!("W2:{n}:{k}"), quick);
             let bytes: Vec<String> = outcomes
                 .iter()
                 .map(|o| format!("{:.2}", o.bytes as f64 / o.residencies as f64))
                 .collect();
-            query_table(&w.name, &outcomes, &[("bytes per (block, pod)", bytes)]);
+            query_table(
+                &outcomes[0].title,
+                &outcomes,
+                &[("bytes per (block, pod)", bytes)],
+            );
         }
     }
 }
 
-/// W3's workload and the trace's unreadable lines, or `None` (said on
-/// stdout) without the trace.
-fn w3_workload(quick: bool) -> Option<(Workload, usize)> {
+/// W3's workload and the trace's unreadable lines, or why the trace
+/// cannot be read.
+fn w3_workload(quick: bool) -> Result<(Workload, usize), String> {
     let path = workload::TRACE_PATH;
-    let text = match std::fs::read_to_string(path) {
-        Ok(t) => t,
-        Err(e) => {
-            println!("\nW3 skipped: cannot read {path}: {e}");
-            return None;
-        }
-    };
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"))?;
     let (mut reqs, bad) = workload::read_trace(&text);
     if quick {
         reqs.truncate(4_000);
     }
-    Some((workload::w3(&reqs, 8, 4096), bad))
+    Ok((workload::w3(&reqs, 8, 4096), bad))
 }
 
 fn w3(quick: bool) {
-    let Some((w, bad)) = w3_workload(quick) else {
+    let path = workload::TRACE_PATH;
+    if let Err(e) = std::fs::metadata(path) {
+        println!("\nW3 skipped: cannot read {path}: {e}");
         return;
-    };
+    }
     let outcomes = isolated("W3", quick);
     let events: Vec<String> = outcomes
         .iter()
         .map(|o| format!("{:.2} M", o.run_blocks as f64 / o.run_secs / 1e6))
         .collect();
     query_table(
-        &format!("{} ({bad} unreadable lines)", w.name),
+        &outcomes[0].title,
         &outcomes,
         &[("blocks applied/s incl. queries", events)],
     );
-}
-
-fn w4_workload(quick: bool) -> Workload {
-    workload::w1(4, if quick { 4_000 } else { 40_000 })
 }
 
 /// W4 for one subject: a writer thread applies store/remove events of W1
