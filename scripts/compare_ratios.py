@@ -50,7 +50,8 @@ def tables(path):
 
 def merged(idle, loaded):
     for (title, head, body, notes), (_, lhead, lbody, lnotes) in zip(tables(idle), tables(loaded)):
-        print(f"#### {title}\n")
+        # W3's title counts the trace's unreadable lines; none is no news.
+        print(f"#### {title.replace(' (0 unreadable lines)', '')}\n")
         if head[0] != "index":
             print("| " + " | ".join(head) + " |")
             print("|" + "---:|" * len(head))
@@ -78,44 +79,24 @@ def merged(idle, loaded):
 def rows(path):
     """{row name: ratio} for one run of compare."""
     out = {}
-    title, head, table = None, None, []
-
-    def flush():
-        if not title or not head:
-            return
-        ours = next((r for r in table if r[0] == OURS), None)
-        peers = [r for r in table if r[0] != OURS]
+    for title, head, body, _ in tables(path):
+        if not head or head[0] != "index":
+            continue
+        title = re.sub(r" \(.*", "", title)
+        ours = next((r for r in body if r[0] == OURS), None)
+        peers = [r for r in body if r[0] != OURS]
         if ours is None or not peers:
-            return
-        for j, h in enumerate(head):
-            if j == 0:
-                continue
-            lower = "(us)" in h
-            higher = "/s" in h
+            continue
+        for j, h in enumerate(head[1:], start=1):
+            lower, higher = "(us)" in h, "/s" in h
             if not (lower or higher):
                 continue
             mine = number(ours[j])
-            theirs = [number(p[j]) for p in peers]
-            theirs = [t for t in theirs if t]
+            theirs = [t for t in (number(p[j]) for p in peers) if t]
             if not mine or not theirs:
                 continue
             best = min(theirs) if lower else max(theirs)
-            ratio = best / mine if lower else mine / best
-            out[f"{title} {h}"] = ratio
-
-    for line in open(path):
-        line = line.rstrip("\n")
-        if line.startswith("### "):
-            flush()
-            title = re.sub(r" \(.*", "", line[4:])
-            head, table = None, []
-        elif line.startswith("|") and not line.startswith("|---"):
-            cells = [c.strip() for c in line.strip("|").split("|")]
-            if head is None:
-                head = cells
-            else:
-                table.append(cells)
-    flush()
+            out[f"{title} {h}"] = best / mine if lower else mine / best
     return out
 
 
