@@ -231,7 +231,7 @@ type Interval<const W: usize> = (u32, u32, HostBitmap<W>);
 /// the end of the run *after next* (the change after the one its
 /// successor's hint names, or the event's end that run reached). A pair
 /// then names two changes ahead, and the next step reads both at once
-/// ([`Index::probe_reads`]): two groups per wait instead of one.
+/// ([`Index::probe_into`]): two groups per wait instead of one.
 ///
 /// Hints are guesses for the search's next split, never trusted: any hint,
 /// stale or wrong, still gives the exact answer, and a wrong one costs
@@ -380,7 +380,7 @@ enum Plan {
     At(u32),
     /// A hint says the run goes on through block `e - 1` and then it does
     /// not know: probe block `e - 1`, whose hint may know more.
-    Through(u32),
+    Through(u32, u32),
 }
 
 /// A search interval: its pods hold block `lo - 1` and not block `hi`, so
@@ -416,9 +416,273 @@ fn plan_after(at: u32, h: Hint, hi: u32) -> Plan {
         // after it: most likely pods stop right there.
         Plan::At(end.min(hi))
     } else if end < hi {
-        Plan::Through(end)
+        Plan::Through(end, run)
     } else {
         Plan::Halve
+    }
+}
+
+/// Event ends a search crossing an open run reads in one round at most
+/// ([`Step::Pairs`]): a pair each.
+const GALLOP: u32 = 4;
+/// The shortest run taken for an event's length when galloping: shorter
+/// ones are as likely a partial event, and reading ahead by them wastes
+/// probes.
+const GALLOP_MIN_RUN: u32 = 8;
+
+/// Spans whose steps one round of a partition reads together.
+const ROUND_SPANS: usize = 4;
+/// Blocks one round of a partition reads at most.
+const ROUND_READS: usize = 8;
+
+/// The buffers of a partition round that reads several spans' blocks.
+struct Round<const W: usize> {
+    spans: [Span<W>; ROUND_SPANS],
+    steps: [Step; ROUND_SPANS],
+    hashes: [u64; ROUND_READS],
+    staged: [Staged; ROUND_READS],
+    found: [(HostBitmap<W>, Hint); ROUND_READS],
+}
+
+impl<const W: usize> Round<W> {
+    fn new(span: Span<W>) -> Self {
+        Round {
+            spans: [span; ROUND_SPANS],
+            steps: [Step::Mid { mid: 0 }; ROUND_SPANS],
+            hashes: [0; ROUND_READS],
+            staged: [Staged::NONE; ROUND_READS],
+            found: [(HostBitmap::EMPTY, Hint(0)); ROUND_READS],
+        }
+    }
+}
+
+/// A span's next step in a partition: which blocks it reads (all in one
+/// round), and how it splits the span's pods by what they hold.
+#[derive(Clone, Copy, Debug)]
+enum Step {
+    /// Block `hi - 1`, expecting the pods to hold it: depth `hi`.
+    End { hi: u32 },
+    /// Blocks `g - 1` and `g`, and `c - 1` and `c` (`c - 1` alone when
+    /// `c` ends the span): the change a hint saw and the one after it.
+    Far { g: u32, c: u32, hi: u32 },
+    /// Blocks `g - 1` and `g`, and as many pairs again `stride` blocks
+    /// apart each: the pods holding every block before a pair's second
+    /// and not that one stop there.
+    Pairs { g: u32, stride: u32, pairs: u32 },
+    /// Block `p`: `expect` says whether the pods left short of it are
+    /// predicted to stop at depth `p` (an `At` plan) or not (`Through`).
+    One { p: u32, at: bool },
+    /// The middle block `mid`.
+    Mid { mid: u32 },
+}
+
+impl Step {
+    /// The step of a span (`lo < hi`) by its plan; `None` when the span is
+    /// short enough to scan ([`IndexConfig::linear_span`]).
+    #[inline(always)]
+    fn of<const W: usize>(s: &Span<W>, linear: u32) -> Option<Step> {
+        let plan = if s.idle >= MAX_IDLE {
+            Plan::Halve
+        } else {
+            s.plan
+        };
+        Some(match plan {
+            Plan::At(g) if g == s.hi => Step::End { hi: s.hi },
+            Plan::At(g) if g > s.lo && s.idle == 0 && s.far >= g + 2 && s.far <= s.hi => {
+                Step::Far {
+                    g,
+                    c: s.far,
+                    hi: s.hi,
+                }
+            }
+            Plan::At(g) if g > s.lo => Step::Pairs {
+                g,
+                stride: 0,
+                pairs: 1,
+            },
+            Plan::At(at) => Step::One { p: at, at: true },
+            // A run open at an event's end (`at - 1`): block `at` is read
+            // with it, so a change there is settled in the same round, and
+            // its hint, from the next event, plans the step after.
+            Plan::Through(at, run) if at > s.lo && at < s.hi => {
+                // The run that reached an event's end was most likely an
+                // event long, and so are the events after it: their ends
+                // are read in the same round (a pair each, as far as the
+                // span goes), so a search crossing many events waits once
+                // per [`GALLOP`] of them, not once each.
+                let pairs = if run >= GALLOP_MIN_RUN {
+                    ((s.hi - 1 - at) / run + 1).min(GALLOP)
+                } else {
+                    1
+                };
+                Step::Pairs {
+                    g: at,
+                    stride: run,
+                    pairs,
+                }
+            }
+            Plan::Through(at, _) => Step::One {
+                p: at - 1,
+                at: false,
+            },
+            Plan::Halve if s.hi - s.lo <= linear => return None,
+            Plan::Halve => Step::Mid {
+                mid: s.lo + (s.hi - s.lo) / 2,
+            },
+        })
+    }
+
+    /// The blocks read, and how many.
+    #[inline]
+    fn reads(self) -> ([u32; ROUND_READS], usize) {
+        match self {
+            Step::End { hi } => ([hi - 1, 0, 0, 0, 0, 0, 0, 0], 1),
+            Step::Far { g, c, hi } => {
+                ([g - 1, g, c - 1, c, 0, 0, 0, 0], if c < hi { 4 } else { 3 })
+            }
+            Step::Pairs { g, stride, pairs } => {
+                let mut b = [0; ROUND_READS];
+                for j in 0..pairs as usize {
+                    let at = g + j as u32 * stride;
+                    b[2 * j] = at - 1;
+                    b[2 * j + 1] = at;
+                }
+                (b, 2 * pairs as usize)
+            }
+            Step::One { p, .. } => ([p, 0, 0, 0, 0, 0, 0, 0], 1),
+            Step::Mid { mid } => ([mid, 0, 0, 0, 0, 0, 0, 0], 1),
+        }
+    }
+
+    /// Splits `s`'s pods by `found` (what each read block's holders among
+    /// them are, and its hint), pushing the parts, shallowest first.
+    #[inline(always)]
+    fn apply<const W: usize>(
+        self,
+        s: &Span<W>,
+        found: &[(HostBitmap<W>, Hint)],
+        stack: &mut SmallVec<[Span<W>; 80]>,
+    ) {
+        let Span {
+            lo,
+            hi,
+            cand,
+            idle,
+            far,
+            ..
+        } = *s;
+        let mut push = |lo, hi, cand: HostBitmap<W>, plan, idle, far| {
+            if !cand.is_empty() {
+                stack.push(Span {
+                    lo,
+                    hi,
+                    cand,
+                    plan,
+                    idle,
+                    far,
+                });
+            }
+        };
+        match self {
+            Step::End { hi } => {
+                // The pods holding block hi - 1 stop at depth hi: a span of
+                // its own, emitted when it comes off the stack, after the
+                // deeper spans of this round.
+                let held = found[0].0;
+                let idle = if held.is_empty() { idle + 1 } else { 0 };
+                push(lo, hi - 1, cand.and_not(&held), Plan::Halve, idle, 0);
+                push(hi, hi, held, Plan::Halve, idle, 0);
+            }
+            Step::Far { g, c, .. } => {
+                let [(before, _), (at, h), (before_c, hc1)] = [found[0], found[1], found[2]];
+                // Each read splits the pods still holding every block
+                // before it; past the span's end no pod holds block c.
+                let (at_c, hc) = found
+                    .get(3)
+                    .copied()
+                    .unwrap_or((HostBitmap::EMPTY, Hint(0)));
+                let held_g1 = cand.and(&before);
+                let held_g = held_g1.and(&at);
+                let held_c1 = held_g.and(&before_c);
+                let held_c = held_c1.and(&at_c);
+                let stop_g = held_g1.and_not(&at);
+                let stop_c = held_c1.and_not(&at_c);
+                let idle = if stop_g.is_empty() && stop_c.is_empty() {
+                    idle + 1
+                } else {
+                    0
+                };
+                push(lo, g - 1, cand.and_not(&before), Plan::Halve, idle, 0);
+                push(g, g, stop_g, Plan::Halve, idle, 0);
+                let between = held_g.and_not(&before_c);
+                push(g + 1, c - 1, between, plan_after(g, h, c - 1), idle, 0);
+                push(c, c, stop_c, Plan::Halve, idle, 0);
+                let far = hc1.far_from(c - 1);
+                push(c + 1, hi, held_c, plan_after(c, hc, hi), idle, far);
+            }
+            Step::Pairs { g, pairs: 1, .. } => {
+                let [(before, hb), (now, h)] = [found[0], found[1]];
+                let held = cand.and(&before);
+                let stop = held.and_not(&now);
+                let idle = if stop.is_empty() { idle + 1 } else { 0 };
+                push(lo, g - 1, cand.and_not(&before), Plan::Halve, idle, 0);
+                push(g, g, stop, Plan::Halve, idle, 0);
+                let far = hb.far_from(g - 1);
+                push(g + 1, hi, held.and(&now), plan_after(g, h, hi), idle, far);
+            }
+            Step::Pairs { g, stride, pairs } => {
+                // Each pair splits the pods still holding every block
+                // before it.
+                let mut held = cand;
+                let mut from = lo;
+                let mut split = false;
+                let mut last = (g, Hint(0), Hint(0));
+                let mut parts = [(0, 0, HostBitmap::EMPTY); 2 * GALLOP as usize];
+                for (j, pair) in found.chunks_exact(2).take(pairs as usize).enumerate() {
+                    let at = g + j as u32 * stride;
+                    let [(before, hb), (now, h)] = [pair[0], pair[1]];
+                    let kept = held.and(&before);
+                    let stop = kept.and_not(&now);
+                    split |= !stop.is_empty();
+                    parts[2 * j] = (from, at - 1, held.and_not(&before));
+                    parts[2 * j + 1] = (at, at, stop);
+                    held = kept.and(&now);
+                    from = at + 1;
+                    last = (at, hb, h);
+                }
+                let idle = if split { 0 } else { idle + 1 };
+                for &(lo, hi, pods) in &parts[..2 * pairs as usize] {
+                    push(lo, hi, pods, Plan::Halve, idle, 0);
+                }
+                let (at, hb, h) = last;
+                push(
+                    at + 1,
+                    hi,
+                    held,
+                    plan_after(at, h, hi),
+                    idle,
+                    hb.far_from(at - 1),
+                );
+            }
+            Step::One { p, at } => {
+                let (held, h) = found[0];
+                let missing = cand.and_not(&held);
+                let split = !held.is_empty() && !missing.is_empty();
+                let idle = if split { 0 } else { idle + 1 };
+                let plan = if at { Plan::At(p) } else { Plan::Halve };
+                push(lo, p, missing, plan, idle, 0);
+                // Through: block p's hint, when it ends a run, names where
+                // the run after next ends. At: a Through step's far, two
+                // runs past its read, is one run past this read's plan.
+                let far = if at { far } else { h.far_from(p) };
+                push(p + 1, hi, held, plan_after(p, h, hi), idle, far);
+            }
+            Step::Mid { mid } => {
+                let (held, h) = found[0];
+                push(lo, mid, cand.and_not(&held), Plan::Halve, 0, 0);
+                push(mid + 1, hi, held, plan_after(mid, h, hi), 0, 0);
+            }
+        }
     }
 }
 
@@ -959,13 +1223,53 @@ impl<const W: usize> Index<W> {
         (held, Hint(h))
     }
 
-    /// `n` probes (`n <= N`) issued together: every read is begun (its
-    /// sequence number and cell read, its slab bitmap prefetched) before any
-    /// is finished, so the cell misses overlap and then the bitmap misses
-    /// do. The set is a snapshot: each read is validated, so each held over
-    /// an interval overlapping every other's (each began before any ended).
-    /// A raced set is read again once the writer is out. Past `n` the
-    /// answers are empty.
+    /// Probes issued together, read `i` of block `hashes[i]` for the pods
+    /// among `cands[i]` (the reads of one partition round serve several
+    /// spans), its answer into `found[i]`: every read is begun (its
+    /// sequence number and cell read, its slab bitmap prefetched) into
+    /// `staged` before any is finished, so the cell misses overlap and then
+    /// the bitmap misses do. The set is a snapshot: each read is validated,
+    /// so each held over an interval overlapping every other's (each began
+    /// before any ended). A raced set is read again once the writer is out.
+    /// The buffers are the caller's, so a round sets up no arrays.
+    #[inline]
+    fn probe_into(
+        &self,
+        g: &Guard,
+        hashes: &[u64],
+        cands: &[&HostBitmap<W>],
+        staged: &mut [Staged],
+        found: &mut [(HostBitmap<W>, Hint)],
+    ) {
+        waited();
+        let mut round = 0;
+        loop {
+            for (st, &h) in staged.iter_mut().zip(hashes) {
+                *st = self.shard(h).stage(g, h);
+            }
+            let mut raced = None;
+            for (i, (&h, (st, out))) in hashes
+                .iter()
+                .zip(staged.iter().zip(&mut *found))
+                .enumerate()
+            {
+                match self.shard(h).finish(g, *st, cands[i]) {
+                    Some((held, hint)) => *out = (held, Hint(hint)),
+                    None => {
+                        raced = Some(h);
+                        break;
+                    }
+                }
+            }
+            match raced {
+                None => return,
+                Some(h) => self.shard(h).lock.wait_for_writer(&mut round),
+            }
+        }
+    }
+
+    /// `n` probes (`n <= N`) issued together, as [`Index::probe_into`]
+    /// issues them, in arrays the compiler unrolls: the opening pair.
     #[inline]
     fn probe_reads<const N: usize>(
         &self,
@@ -1189,6 +1493,13 @@ impl<const W: usize> Index<W> {
     /// The binary partition of `first`'s pods, guided by the run hints:
     /// the probes it spent. Out of line, so that the queries the opening
     /// settles (a miss at block 0, a full hit) do not set up its stack.
+    ///
+    /// Each round takes the deepest span's step and, while the reads fit
+    /// ([`ROUND_READS`]), the steps of the spans under it: their pods are
+    /// disjoint and their depth ranges do not overlap, so their reads do
+    /// not depend on each other and go out together
+    /// ([`Index::probe_into`]), and a search of many drop-offs waits for
+    /// about one round per level of the partition, not one per probe.
     #[inline(never)]
     fn partition<C: HashChain + ?Sized>(
         &self,
@@ -1203,224 +1514,93 @@ impl<const W: usize> Index<W> {
         // for 80 before it spills to the heap.
         let mut stack: SmallVec<[Span<W>; 80]> = SmallVec::new();
         stack.push(first);
-        let span = self.config.linear_span as u32;
+        let linear = self.config.linear_span as u32;
+        // A round's buffers, set up at the first round that needs them:
+        // most searches (a trace's, W1's) are one span at a time.
+        let mut bufs: Option<Round<W>> = None;
         // Spans come off the stack deepest first, and each pushes its
         // shallower part first: groups come out deepest first and the
         // result needs no sort.
-        while let Some(Span {
-            lo,
-            hi,
-            cand,
-            plan,
-            idle,
-            far,
-        }) = stack.pop()
-        {
-            if lo == hi {
-                self.emit(&cand, lo as usize, out);
+        while let Some(top) = stack.pop() {
+            if top.lo == top.hi {
+                self.emit(&top.cand, top.lo as usize, out);
                 continue;
             }
-            let plan = if idle >= MAX_IDLE { Plan::Halve } else { plan };
-            match plan {
-                Plan::At(g) if g == hi => {
-                    // Expect the pods to hold block hi - 1: depth hi.
-                    let held = self.probe(guard, chain.hash_at((hi - 1) as usize), &cand);
-                    probes += 1;
-                    let missing = cand.and_not(&held);
-                    self.emit(&held, hi as usize, out);
-                    if !missing.is_empty() {
-                        stack.push(Span {
-                            lo,
-                            hi: hi - 1,
-                            cand: missing,
-                            plan: Plan::Halve,
-                            idle: if held.is_empty() { idle + 1 } else { 0 },
-                            far: 0,
-                        });
-                    }
+            let Some(step) = Step::of(&top, linear) else {
+                probes += self.scan(guard, chain, (top.lo, top.hi, top.cand), out);
+                continue;
+            };
+            let (blocks, mut reads) = step.reads();
+            let next = match stack.last() {
+                Some(s) if s.lo != s.hi => Step::of(s, linear),
+                _ => None,
+            };
+            if reads <= 2 && next.is_none() {
+                // One span alone, one or two reads.
+                let hash = |i: usize| chain.hash_at(blocks[i] as usize);
+                let found = if reads == 1 {
+                    [
+                        self.probe_hint(guard, hash(0), &top.cand),
+                        (HostBitmap::EMPTY, Hint(0)),
+                    ]
+                } else {
+                    self.probe_pair(guard, hash(0), hash(1), &top.cand)
+                };
+                probes += reads as u32;
+                step.apply(&top, &found[..reads], &mut stack);
+                continue;
+            }
+            // The round: `top`'s step, then those of the spans under it
+            // (shallower each), as far as their reads fit.
+            let r = bufs.get_or_insert_with(|| Round::new(top));
+            r.spans[0] = top;
+            r.steps[0] = step;
+            let mut taken = 1;
+            let mut next = next;
+            while let Some(s) = next.filter(|_| taken < ROUND_SPANS) {
+                if reads + s.reads().1 > ROUND_READS {
+                    break;
                 }
-                Plan::At(g) if g > lo && idle == 0 && far >= g + 2 && far <= hi => {
-                    // The last step confirmed its change and named the one
-                    // after this (`far`): blocks g - 1 and g, and c - 1 and
-                    // c (c - 1 alone when c ends the span), read together.
-                    let c = far;
-                    let reads = if c < hi { 4 } else { 3 };
-                    let [(before, _), (at, h), (before_c, hc1), (at_c, hc)] = self.probe_reads(
-                        guard,
-                        [g - 1, g, c - 1, c.min(hi - 1)].map(|i| chain.hash_at(i as usize)),
-                        reads,
-                        &cand,
-                    );
-                    probes += reads as u32;
-                    // Each read splits the pods still holding every block
-                    // before it; past the span's end no pod holds block c.
-                    let at_c = if c < hi { at_c } else { HostBitmap::EMPTY };
-                    let held_g1 = cand.and(&before);
-                    let held_g = held_g1.and(&at);
-                    let held_c1 = held_g.and(&before_c);
-                    let held_c = held_c1.and(&at_c);
-                    let stop_g = held_g1.and_not(&at);
-                    let stop_c = held_c1.and_not(&at_c);
-                    let idle = if stop_g.is_empty() && stop_c.is_empty() {
-                        idle + 1
-                    } else {
-                        0
-                    };
-                    // Shallowest first, so the deepest comes off next.
-                    let parts = [
-                        (lo, g - 1, cand.and_not(&before), Plan::Halve, 0),
-                        (g, g, stop_g, Plan::Halve, 0),
-                        (
-                            g + 1,
-                            c - 1,
-                            held_g.and_not(&before_c),
-                            plan_after(g, h, c - 1),
-                            0,
-                        ),
-                        (c, c, stop_c, Plan::Halve, 0),
-                        (
-                            c + 1,
-                            hi,
-                            held_c,
-                            plan_after(c, hc, hi),
-                            hc1.far_from(c - 1),
-                        ),
-                    ];
-                    for (lo, hi, cand, plan, far) in parts {
-                        if !cand.is_empty() {
-                            stack.push(Span {
-                                lo,
-                                hi,
-                                cand,
-                                plan,
-                                idle,
-                                far,
-                            });
-                        }
-                    }
+                reads += s.reads().1;
+                r.steps[taken] = s;
+                r.spans[taken] = stack.pop().expect("the span `next` came from");
+                taken += 1;
+                next = match stack.last() {
+                    Some(s) if s.lo != s.hi => Step::of(s, linear),
+                    _ => None,
+                };
+            }
+            let Round {
+                spans,
+                steps,
+                hashes,
+                staged,
+                found,
+            } = r;
+            let mut cands = [&spans[0].cand; ROUND_READS];
+            let mut at = 0;
+            for (span, step) in spans.iter().zip(steps.iter()).take(taken) {
+                let (blocks, n) = step.reads();
+                for &b in &blocks[..n] {
+                    hashes[at] = chain.hash_at(b as usize);
+                    cands[at] = &span.cand;
+                    at += 1;
                 }
-                Plan::At(g) if g > lo => {
-                    // Blocks g - 1 and g together: the pods holding the
-                    // first and not the second stop at depth g; block
-                    // g - 1's hint may name the change after the next.
-                    let [(before, hb), (held, h)] = self.probe_pair(
-                        guard,
-                        chain.hash_at((g - 1) as usize),
-                        chain.hash_at(g as usize),
-                        &cand,
-                    );
-                    probes += 2;
-                    let at_g = before.and_not(&held);
-                    let missing = cand.and_not(&before).and_not(&held);
-                    let idle = if at_g.is_empty() { idle + 1 } else { 0 };
-                    if !missing.is_empty() {
-                        stack.push(Span {
-                            lo,
-                            hi: g - 1,
-                            cand: missing,
-                            plan: Plan::Halve,
-                            idle,
-                            far: 0,
-                        });
-                    }
-                    if !at_g.is_empty() {
-                        stack.push(Span {
-                            lo: g,
-                            hi: g,
-                            cand: at_g,
-                            plan: Plan::Halve,
-                            idle,
-                            far: 0,
-                        });
-                    }
-                    if !held.is_empty() {
-                        stack.push(Span {
-                            lo: g + 1,
-                            hi,
-                            cand: held,
-                            plan: plan_after(g, h, hi),
-                            idle,
-                            far: hb.far_from(g - 1),
-                        });
-                    }
-                }
-                Plan::At(at) | Plan::Through(at) => {
-                    // At: probe block `at`, expecting some pods to stop
-                    // there (the missing ones, then predicted at depth
-                    // `at`). Through: probe block `at - 1`, expecting all
-                    // to hold it.
-                    let p = match plan {
-                        Plan::At(_) => at,
-                        _ => at - 1,
-                    };
-                    let (found, h) = self.probe_hint(guard, chain.hash_at(p as usize), &cand);
-                    probes += 1;
-                    let held = found;
-                    let missing = cand.and_not(&held);
-                    let split = !held.is_empty() && !missing.is_empty();
-                    let idle = if split { 0 } else { idle + 1 };
-                    if !missing.is_empty() {
-                        let plan = match plan {
-                            Plan::At(_) => Plan::At(p),
-                            _ => Plan::Halve,
-                        };
-                        stack.push(Span {
-                            lo,
-                            hi: p,
-                            cand: missing,
-                            plan,
-                            idle,
-                            far: 0,
-                        });
-                    }
-                    if !held.is_empty() {
-                        stack.push(Span {
-                            lo: p + 1,
-                            hi,
-                            cand: held,
-                            plan: plan_after(p, h, hi),
-                            idle,
-                            // Through: block p's hint, when it ends a run,
-                            // names where the run after next ends. At: a
-                            // Through step's far, two runs past its read,
-                            // is one run past this read's plan.
-                            far: match plan {
-                                Plan::At(_) => far,
-                                _ => h.far_from(p),
-                            },
-                        });
-                    }
-                }
-                Plan::Halve => {
-                    if hi - lo <= span {
-                        probes += self.scan(guard, chain, (lo, hi, cand), out);
-                        continue;
-                    }
-                    let mid = lo + (hi - lo) / 2;
-                    let (held, h) = self.probe_hint(guard, chain.hash_at(mid as usize), &cand);
-                    probes += 1;
-                    let missing = cand.and_not(&held);
-                    if !missing.is_empty() {
-                        stack.push(Span {
-                            lo,
-                            hi: mid,
-                            cand: missing,
-                            plan: Plan::Halve,
-                            idle: 0,
-                            far: 0,
-                        });
-                    }
-                    if !held.is_empty() {
-                        stack.push(Span {
-                            lo: mid + 1,
-                            hi,
-                            cand: held,
-                            plan: plan_after(mid, h, hi),
-                            idle: 0,
-                            far: 0,
-                        });
-                    }
-                }
+            }
+            self.probe_into(
+                guard,
+                &hashes[..reads],
+                &cands[..reads],
+                &mut staged[..reads],
+                &mut found[..reads],
+            );
+            probes += reads as u32;
+            // The shallowest span's parts go on the stack first.
+            let mut end = reads;
+            for i in (0..taken).rev() {
+                let n = steps[i].reads().1;
+                end -= n;
+                steps[i].apply(&spans[i], &found[end..end + n], &mut stack);
             }
         }
         probes
@@ -1788,6 +1968,53 @@ mod tests {
         assert_eq!(hint_of(&index, c[47]), Hint::CHANGE_NEXT);
     }
 
+    /// Pods stopping every `every` blocks of a `len`-block chain, stored
+    /// in events of 64 naming their parents; the search's rounds of reads
+    /// and its answer, checked against the block-by-block reference.
+    fn rounds_for(len: usize, every: usize, pods: usize) -> u32 {
+        let index = Index::<4>::new(IndexConfig::default().background_sweep(false));
+        let c: Vec<BlockHash> = (0..len as u64).map(|i| BlockHash(7 << 32 | i)).collect();
+        let ids: Vec<PodId> = (0..pods)
+            .map(|i| {
+                let pod = index
+                    .join(&PodKey::new(format!("http://pod-{i}"), 0))
+                    .unwrap();
+                let d = (every * (i % (len / every) + 1)).min(len);
+                for at in (0..d).step_by(64) {
+                    let parent = at.checked_sub(1).map(|p| c[p]);
+                    index
+                        .store_after(pod, Tier::Gpu, parent, &c[at..(at + 64).min(d)])
+                        .unwrap();
+                }
+                pod
+            })
+            .collect();
+        WAITS.with(|w| w.set(0));
+        let m = index.match_prefix(&c);
+        let waits = WAITS.with(|w| w.get());
+        assert_eq!(m.pods(), index.match_prefix_linear(&c).pods());
+        assert_eq!(m.pods().len(), ids.len());
+        waits
+    }
+
+    #[test]
+    fn open_runs_are_crossed_several_events_per_round() {
+        // 8 groups 512 blocks apart on a 4096-block chain: 64 events, each
+        // run open at its event's end. One round per event crossed is at
+        // least 64 rounds; reading four events' ends per round (and the
+        // spans left behind together) takes 15.
+        let waits = rounds_for(4096, 512, 64);
+        assert!(waits <= 20, "{waits} rounds of reads (8 groups)");
+        // A group every event (64 of them): as many changes as events, 17
+        // rounds.
+        let waits = rounds_for(4096, 64, 256);
+        assert!(waits <= 24, "{waits} rounds of reads");
+        // Runs shorter than an event (the staircase below): the plain
+        // steps, several spans' per round, 18 rounds.
+        let waits = rounds_for(1024, 16, 64);
+        assert!(waits <= 24, "{waits} rounds of reads");
+    }
+
     #[test]
     fn far_hints_settle_two_groups_per_round() {
         let (index, c, pods) = staircase();
@@ -1800,7 +2027,8 @@ mod tests {
         }
         assert!(m.probes() <= 2 * 64 + 16 + 2, "{} probes", m.probes());
         // A round per group and one per event crossed took 79 rounds;
-        // reading the change after next with each pair takes 35.
+        // reading the change after next with each pair took 35, and
+        // several spans' steps per round take 18.
         assert!(waits <= 48, "{waits} rounds of reads");
     }
 }
