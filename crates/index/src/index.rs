@@ -469,7 +469,7 @@ enum Step {
     /// apart each: the pods holding every block before a pair's second
     /// and not that one stop there.
     Pairs { g: u32, stride: u32, pairs: u32 },
-    /// Block `p`: `expect` says whether the pods left short of it are
+    /// Block `p`: `at` says whether the pods left short of it are
     /// predicted to stop at depth `p` (an `At` plan) or not (`Through`).
     One { p: u32, at: bool },
     /// The middle block `mid`.
@@ -532,14 +532,23 @@ impl Step {
         })
     }
 
-    /// The blocks read, and how many.
+    /// How many blocks the step reads.
+    #[inline(always)]
+    fn count(self) -> usize {
+        match self {
+            Step::Far { c, hi, .. } if c == hi => 3,
+            Step::Far { .. } => 4,
+            Step::Pairs { pairs, .. } => 2 * pairs as usize,
+            Step::End { .. } | Step::One { .. } | Step::Mid { .. } => 1,
+        }
+    }
+
+    /// The blocks read, and how many ([`Step::count`]).
     #[inline]
     fn reads(self) -> ([u32; ROUND_READS], usize) {
         match self {
             Step::End { hi } => ([hi - 1, 0, 0, 0, 0, 0, 0, 0], 1),
-            Step::Far { g, c, hi } => {
-                ([g - 1, g, c - 1, c, 0, 0, 0, 0], if c < hi { 4 } else { 3 })
-            }
+            Step::Far { g, c, .. } => ([g - 1, g, c - 1, c, 0, 0, 0, 0], self.count()),
             Step::Pairs { g, stride, pairs } => {
                 let mut b = [0; ROUND_READS];
                 for j in 0..pairs as usize {
@@ -547,7 +556,7 @@ impl Step {
                     b[2 * j] = at - 1;
                     b[2 * j + 1] = at;
                 }
-                (b, 2 * pairs as usize)
+                (b, self.count())
             }
             Step::One { p, .. } => ([p, 0, 0, 0, 0, 0, 0, 0], 1),
             Step::Mid { mid } => ([mid, 0, 0, 0, 0, 0, 0, 0], 1),
@@ -620,49 +629,32 @@ impl Step {
                 let far = hc1.far_from(c - 1);
                 push(c + 1, hi, held_c, plan_after(c, hc, hi), idle, far);
             }
-            Step::Pairs { g, pairs: 1, .. } => {
-                let [(before, hb), (now, h)] = [found[0], found[1]];
-                let held = cand.and(&before);
-                let stop = held.and_not(&now);
-                let idle = if stop.is_empty() { idle + 1 } else { 0 };
-                push(lo, g - 1, cand.and_not(&before), Plan::Halve, idle, 0);
-                push(g, g, stop, Plan::Halve, idle, 0);
-                let far = hb.far_from(g - 1);
-                push(g + 1, hi, held.and(&now), plan_after(g, h, hi), idle, far);
-            }
             Step::Pairs { g, stride, pairs } => {
                 // Each pair splits the pods still holding every block
-                // before it.
+                // before it, deepest last: its parts go on the stack as
+                // they come. The spans they leave behind are halved, which
+                // no idle count changes; only the span after the last pair
+                // follows a hint, and its idle count needs every pair's.
                 let mut held = cand;
                 let mut from = lo;
                 let mut split = false;
                 let mut last = (g, Hint(0), Hint(0));
-                let mut parts = [(0, 0, HostBitmap::EMPTY); 2 * GALLOP as usize];
-                for (j, pair) in found.chunks_exact(2).take(pairs as usize).enumerate() {
+                for (j, pair) in found[..2 * pairs as usize].chunks_exact(2).enumerate() {
                     let at = g + j as u32 * stride;
                     let [(before, hb), (now, h)] = [pair[0], pair[1]];
                     let kept = held.and(&before);
                     let stop = kept.and_not(&now);
                     split |= !stop.is_empty();
-                    parts[2 * j] = (from, at - 1, held.and_not(&before));
-                    parts[2 * j + 1] = (at, at, stop);
+                    push(from, at - 1, held.and_not(&before), Plan::Halve, 0, 0);
+                    push(at, at, stop, Plan::Halve, 0, 0);
                     held = kept.and(&now);
                     from = at + 1;
                     last = (at, hb, h);
                 }
                 let idle = if split { 0 } else { idle + 1 };
-                for &(lo, hi, pods) in &parts[..2 * pairs as usize] {
-                    push(lo, hi, pods, Plan::Halve, idle, 0);
-                }
                 let (at, hb, h) = last;
-                push(
-                    at + 1,
-                    hi,
-                    held,
-                    plan_after(at, h, hi),
-                    idle,
-                    hb.far_from(at - 1),
-                );
+                let far = hb.far_from(at - 1);
+                push(at + 1, hi, held, plan_after(at, h, hi), idle, far);
             }
             Step::One { p, at } => {
                 let (held, h) = found[0];
@@ -1268,27 +1260,26 @@ impl<const W: usize> Index<W> {
         }
     }
 
-    /// `n` probes (`n <= N`) issued together, as [`Index::probe_into`]
-    /// issues them, in arrays the compiler unrolls: the opening pair.
+    /// Two probes issued together, as [`Index::probe_into`] issues them,
+    /// in arrays the compiler unrolls: the opening pair and a span's pair
+    /// read alone (through the slices of `probe_into` these cost about
+    /// 160 instructions more per W1 query, counted by callgrind).
     #[inline]
-    fn probe_reads<const N: usize>(
+    fn probe_pair(
         &self,
         g: &Guard,
-        hashes: [u64; N],
-        n: usize,
+        a: u64,
+        b: u64,
         cand: &HostBitmap<W>,
-    ) -> [(HostBitmap<W>, Hint); N] {
+    ) -> [(HostBitmap<W>, Hint); 2] {
         waited();
-        let shards = hashes.map(|h| self.shard(h));
+        let shards = [self.shard(a), self.shard(b)];
         let mut round = 0;
         loop {
-            let mut staged = [Staged::NONE; N];
-            for i in 0..n {
-                staged[i] = shards[i].stage(g, hashes[i]);
-            }
-            let mut out = [(HostBitmap::EMPTY, Hint(0)); N];
+            let staged = [shards[0].stage(g, a), shards[1].stage(g, b)];
+            let mut out = [(HostBitmap::EMPTY, Hint(0)); 2];
             let mut raced = None;
-            for i in 0..n {
+            for i in 0..2 {
                 match shards[i].finish(g, staged[i], cand) {
                     Some((held, hint)) => out[i] = (held, Hint(hint)),
                     None => {
@@ -1302,18 +1293,6 @@ impl<const W: usize> Index<W> {
                 Some(i) => shards[i].lock.wait_for_writer(&mut round),
             }
         }
-    }
-
-    /// Two probes issued together ([`Index::probe_reads`]).
-    #[inline]
-    fn probe_pair(
-        &self,
-        g: &Guard,
-        a: u64,
-        b: u64,
-        cand: &HostBitmap<W>,
-    ) -> [(HostBitmap<W>, Hint); 2] {
-        self.probe_reads(g, [a, b], 2, cand)
     }
 
     #[inline]
@@ -1518,6 +1497,11 @@ impl<const W: usize> Index<W> {
         // A round's buffers, set up at the first round that needs them:
         // most searches (a trace's, W1's) are one span at a time.
         let mut bufs: Option<Round<W>> = None;
+        // The step of the span under the top, if it reads blocks.
+        let step_under = |stack: &SmallVec<[Span<W>; 80]>| match stack.last() {
+            Some(s) if s.lo != s.hi => Step::of(s, linear),
+            _ => None,
+        };
         // Spans come off the stack deepest first, and each pushes its
         // shallower part first: groups come out deepest first and the
         // result needs no sort.
@@ -1531,10 +1515,7 @@ impl<const W: usize> Index<W> {
                 continue;
             };
             let (blocks, mut reads) = step.reads();
-            let next = match stack.last() {
-                Some(s) if s.lo != s.hi => Step::of(s, linear),
-                _ => None,
-            };
+            let next = step_under(&stack);
             if reads <= 2 && next.is_none() {
                 // One span alone, one or two reads.
                 let hash = |i: usize| chain.hash_at(blocks[i] as usize);
@@ -1557,18 +1538,15 @@ impl<const W: usize> Index<W> {
             r.steps[0] = step;
             let mut taken = 1;
             let mut next = next;
-            while let Some(s) = next.filter(|_| taken < ROUND_SPANS) {
-                if reads + s.reads().1 > ROUND_READS {
-                    break;
-                }
-                reads += s.reads().1;
+            while let Some(s) =
+                next.filter(|s| taken < ROUND_SPANS && reads + s.count() <= ROUND_READS)
+            {
+                let Some(span) = stack.pop() else { break };
+                reads += s.count();
                 r.steps[taken] = s;
-                r.spans[taken] = stack.pop().expect("the span `next` came from");
+                r.spans[taken] = span;
                 taken += 1;
-                next = match stack.last() {
-                    Some(s) if s.lo != s.hi => Step::of(s, linear),
-                    _ => None,
-                };
+                next = step_under(&stack);
             }
             let Round {
                 spans,
@@ -1598,7 +1576,7 @@ impl<const W: usize> Index<W> {
             // The shallowest span's parts go on the stack first.
             let mut end = reads;
             for i in (0..taken).rev() {
-                let n = steps[i].reads().1;
+                let n = steps[i].count();
                 end -= n;
                 steps[i].apply(&spans[i], &found[end..end + n], &mut stack);
             }
