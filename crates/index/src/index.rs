@@ -433,7 +433,9 @@ const GALLOP_MIN_RUN: u32 = 8;
 /// Spans whose steps one round of a partition reads together.
 const ROUND_SPANS: usize = 4;
 /// Blocks one round of a partition reads at most.
-const ROUND_READS: usize = 8;
+const ROUND_READS: usize = 16;
+/// Blocks one span's step reads at most: [`GALLOP`] pairs.
+const STEP_READS: usize = 2 * GALLOP as usize;
 
 /// The buffers of a partition round that reads several spans' blocks.
 struct Round<const W: usize> {
@@ -467,8 +469,14 @@ enum Step {
     Far { g: u32, c: u32, hi: u32 },
     /// Blocks `g - 1` and `g`, and as many pairs again `stride` blocks
     /// apart each: the pods holding every block before a pair's second
-    /// and not that one stop there.
-    Pairs { g: u32, stride: u32, pairs: u32 },
+    /// and not that one stop there. `sparse`: pairs spread over many
+    /// event ends after a round that found no change.
+    Pairs {
+        g: u32,
+        stride: u32,
+        pairs: u32,
+        sparse: bool,
+    },
     /// Block `p`: `at` says whether the pods left short of it are
     /// predicted to stop at depth `p` (an `At` plan) or not (`Through`).
     One { p: u32, at: bool },
@@ -499,6 +507,7 @@ impl Step {
                 g,
                 stride: 0,
                 pairs: 1,
+                sparse: false,
             },
             Plan::At(at) => Step::One { p: at, at: true },
             // A run open at an event's end (`at - 1`): block `at` is read
@@ -509,16 +518,29 @@ impl Step {
                 // event long, and so are the events after it: their ends
                 // are read in the same round (a pair each, as far as the
                 // span goes), so a search crossing many events waits once
-                // per [`GALLOP`] of them, not once each.
-                let pairs = if run >= GALLOP_MIN_RUN {
-                    ((s.hi - 1 - at) / run + 1).min(GALLOP)
+                // per [`GALLOP`] of them, not once each. Once a round of
+                // such pairs found no change, the next spreads its pairs
+                // over all the ends left: a few changes among many events
+                // cost a search over the events, not a walk along them.
+                let ends = (s.hi - 1 - at) / run + 1;
+                let sparse = run >= GALLOP_MIN_RUN && ends > GALLOP && s.idle > 0;
+                let (pairs, stride) = if run < GALLOP_MIN_RUN {
+                    (1, run)
+                } else if !sparse {
+                    (ends.min(GALLOP), run)
                 } else {
-                    1
+                    // The last round's pairs found no change, and more
+                    // event ends lie ahead than a round reads: changes are
+                    // sparse, so the pairs spread over those ends evenly
+                    // (still on event ends), and each stretch between two
+                    // pairs follows the hint read at its start.
+                    (GALLOP, run * ((ends - 1) / (GALLOP - 1)))
                 };
                 Step::Pairs {
                     g: at,
-                    stride: run,
+                    stride,
                     pairs,
+                    sparse,
                 }
             }
             Plan::Through(at, _) => Step::One {
@@ -545,22 +567,24 @@ impl Step {
 
     /// The blocks read, and how many ([`Step::count`]).
     #[inline]
-    fn reads(self) -> ([u32; ROUND_READS], usize) {
+    fn reads(self) -> ([u32; STEP_READS], usize) {
+        let mut b = [0; STEP_READS];
         match self {
-            Step::End { hi } => ([hi - 1, 0, 0, 0, 0, 0, 0, 0], 1),
-            Step::Far { g, c, .. } => ([g - 1, g, c - 1, c, 0, 0, 0, 0], self.count()),
-            Step::Pairs { g, stride, pairs } => {
-                let mut b = [0; ROUND_READS];
+            Step::End { hi } => b[0] = hi - 1,
+            Step::Far { g, c, .. } => b[..4].copy_from_slice(&[g - 1, g, c - 1, c]),
+            Step::Pairs {
+                g, stride, pairs, ..
+            } => {
                 for j in 0..pairs as usize {
                     let at = g + j as u32 * stride;
                     b[2 * j] = at - 1;
                     b[2 * j + 1] = at;
                 }
-                (b, self.count())
             }
-            Step::One { p, .. } => ([p, 0, 0, 0, 0, 0, 0, 0], 1),
-            Step::Mid { mid } => ([mid, 0, 0, 0, 0, 0, 0, 0], 1),
+            Step::One { p, .. } => b[0] = p,
+            Step::Mid { mid } => b[0] = mid,
         }
+        (b, self.count())
     }
 
     /// Splits `s`'s pods by `found` (what each read block's holders among
@@ -629,12 +653,18 @@ impl Step {
                 let far = hc1.far_from(c - 1);
                 push(c + 1, hi, held_c, plan_after(c, hc, hi), idle, far);
             }
-            Step::Pairs { g, stride, pairs } => {
+            Step::Pairs {
+                g,
+                stride,
+                pairs,
+                sparse,
+            } => {
                 // Each pair splits the pods still holding every block
                 // before it, deepest last: its parts go on the stack as
-                // they come. The spans they leave behind are halved, which
-                // no idle count changes; only the span after the last pair
-                // follows a hint, and its idle count needs every pair's.
+                // they come. A stretch left behind between two pairs
+                // follows the hint read at the earlier pair; the span
+                // after the last pair follows its hint, and its idle count
+                // needs every pair's.
                 let mut held = cand;
                 let mut from = lo;
                 let mut split = false;
@@ -645,7 +675,17 @@ impl Step {
                     let kept = held.and(&before);
                     let stop = kept.and_not(&now);
                     split |= !stop.is_empty();
-                    push(from, at - 1, held.and_not(&before), Plan::Halve, 0, 0);
+                    // The stretch since the previous pair follows that
+                    // pair's hint (the first one has none).
+                    let plan = if j == 0 {
+                        Plan::Halve
+                    } else {
+                        plan_after(last.0, last.2, at - 1)
+                    };
+                    // A stretch between sparse pairs spreads its own pairs
+                    // at once (it counts as one idle round).
+                    let quiet = u8::from(sparse && j > 0);
+                    push(from, at - 1, held.and_not(&before), plan, quiet, 0);
                     push(at, at, stop, Plan::Halve, 0, 0);
                     held = kept.and(&now);
                     from = at + 1;
@@ -1948,8 +1988,9 @@ mod tests {
 
     /// Pods stopping every `every` blocks of a `len`-block chain, stored
     /// in events of 64 naming their parents; the search's rounds of reads
-    /// and its answer, checked against the block-by-block reference.
-    fn rounds_for(len: usize, every: usize, pods: usize) -> u32 {
+    /// and probes, its answer checked against the block-by-block
+    /// reference.
+    fn search_for(len: usize, every: usize, pods: usize) -> (u32, u32) {
         let index = Index::<4>::new(IndexConfig::default().background_sweep(false));
         let c: Vec<BlockHash> = (0..len as u64).map(|i| BlockHash(7 << 32 | i)).collect();
         let ids: Vec<PodId> = (0..pods)
@@ -1972,7 +2013,36 @@ mod tests {
         let waits = WAITS.with(|w| w.get());
         assert_eq!(m.pods(), index.match_prefix_linear(&c).pods());
         assert_eq!(m.pods().len(), ids.len());
-        waits
+        (waits, m.probes())
+    }
+
+    fn rounds_for(len: usize, every: usize, pods: usize) -> u32 {
+        search_for(len, every, pods).0
+    }
+
+    #[test]
+    fn sparse_changes_are_searched_over_events() {
+        // A few groups among many events: a walk along the events read a
+        // pair per event crossed (114 probes in 15 rounds for 8 groups on
+        // 64 events, 98 in 13 for 4); pairs spread over the events left
+        // once a round found no change take 74 in 8 and 58 in 6.
+        let (waits, probes) = search_for(4096, 512, 64);
+        assert!(
+            waits <= 10 && probes <= 80,
+            "{waits} rounds, {probes} probes"
+        );
+        let (waits, probes) = search_for(4096, 1024, 64);
+        assert!(
+            waits <= 8 && probes <= 64,
+            "{waits} rounds, {probes} probes"
+        );
+        // Changes every four events: the walk was already right (the
+        // first round finds a change), and stays as it was.
+        let (waits, probes) = search_for(2048, 256, 64);
+        assert!(
+            waits <= 8 && probes <= 58,
+            "{waits} rounds, {probes} probes"
+        );
     }
 
     #[test]
@@ -1980,9 +2050,10 @@ mod tests {
         // 8 groups 512 blocks apart on a 4096-block chain: 64 events, each
         // run open at its event's end. One round per event crossed is at
         // least 64 rounds; reading four events' ends per round (and the
-        // spans left behind together) takes 15.
+        // spans left behind together) took 15, spreading the pairs over
+        // the ends left once a round found no change takes 8.
         let waits = rounds_for(4096, 512, 64);
-        assert!(waits <= 20, "{waits} rounds of reads (8 groups)");
+        assert!(waits <= 10, "{waits} rounds of reads (8 groups)");
         // A group every event (64 of them): as many changes as events, 17
         // rounds.
         let waits = rounds_for(4096, 64, 256);
