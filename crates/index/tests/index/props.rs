@@ -381,3 +381,56 @@ fn probes_grow_with_distinct_depths_not_with_pods() {
     let full = index.match_prefix(&c[..100]);
     assert_eq!((full.probes(), full.pods().len()), (2, 256));
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Long chains stored in many events, with a few drop-off depths among
+    /// them: the searches that cross open runs read event ends in pairs,
+    /// and spread them over the ends left once a round finds no change.
+    /// Events of one length (the pairs land on event ends) or of a length
+    /// per pod (they land anywhere), true or missing parents, and tails
+    /// evicted afterwards (hints left stale): always the oracle's answer.
+    #[test]
+    fn sparse_drop_offs_over_many_events_match_the_oracle(
+        n in 256usize..4096,
+        depths in prop::collection::vec(0usize..=4096, 1..10),
+        chunk in 8usize..130,
+        uneven in any::<bool>(),
+        parents in any::<bool>(),
+        evictions in prop::collection::vec((0usize..10, 0usize..=4096), 0..4),
+        wide in any::<bool>(),
+    ) {
+        let index = Index::<4>::new(config(4, 8, 32));
+        let pods = join_past_idle(&index, depths.len(), wide);
+        let c = chain(3, n);
+        let mut want: Vec<usize> = depths.iter().map(|&d| d.min(n)).collect();
+        for (p, &d) in want.iter().enumerate() {
+            let len = if uneven { chunk + 7 * p } else { chunk };
+            let mut at = 0;
+            while at < d {
+                let to = (at + len).min(d);
+                let parent = at.checked_sub(1).filter(|_| parents).map(|i| c[i]);
+                index.store_after(pods[p], Tier::Gpu, parent, &c[at..to]).unwrap();
+                at = to;
+            }
+        }
+        for (p, from) in evictions {
+            let p = p % pods.len();
+            let from = from.min(n);
+            index.remove(pods[p], Tier::Gpu, &c[from..]).unwrap();
+            want[p] = want[p].min(from);
+        }
+        let bin = index.match_prefix(&c);
+        let lin = index.match_prefix_linear(&c);
+        prop_assert_eq!(bin.pods(), lin.pods());
+        let got: HashMap<_, _> = bin.pods().iter().map(|m| (m.pod, m.blocks as usize)).collect();
+        let want: HashMap<_, _> = pods
+            .iter()
+            .zip(want)
+            .filter(|(_, d)| *d > 0)
+            .map(|(p, d)| (*p, d))
+            .collect();
+        prop_assert_eq!(got, want);
+    }
+}
