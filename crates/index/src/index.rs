@@ -433,7 +433,7 @@ const GALLOP_MIN_RUN: u32 = 8;
 /// Spans whose steps one round of a partition reads together.
 const ROUND_SPANS: usize = 4;
 /// Blocks one round of a partition reads at most.
-const ROUND_READS: usize = 16;
+const ROUND_READS: usize = 8;
 /// Blocks one span's step reads at most: [`GALLOP`] pairs.
 const STEP_READS: usize = 2 * GALLOP as usize;
 
@@ -675,17 +675,18 @@ impl Step {
                     let kept = held.and(&before);
                     let stop = kept.and_not(&now);
                     split |= !stop.is_empty();
-                    // The stretch since the previous pair follows that
-                    // pair's hint (the first one has none).
-                    let plan = if j == 0 {
-                        Plan::Halve
-                    } else {
-                        plan_after(last.0, last.2, at - 1)
-                    };
-                    // A stretch between sparse pairs spreads its own pairs
-                    // at once (it counts as one idle round).
-                    let quiet = u8::from(sparse && j > 0);
-                    push(from, at - 1, held.and_not(&before), plan, quiet, 0);
+                    let part = held.and_not(&before);
+                    if !part.is_empty() {
+                        // The stretch since the previous pair follows that
+                        // pair's hint (the first one has none); between
+                        // sparse pairs it spreads its own pairs at once
+                        // (it counts as one idle round).
+                        let (plan, quiet) = match j {
+                            0 => (Plan::Halve, 0),
+                            _ => (plan_after(last.0, last.2, at - 1), u8::from(sparse)),
+                        };
+                        push(from, at - 1, part, plan, quiet, 0);
+                    }
                     push(at, at, stop, Plan::Halve, 0, 0);
                     held = kept.and(&now);
                     from = at + 1;
