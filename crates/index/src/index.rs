@@ -433,7 +433,7 @@ const GALLOP_MIN_RUN: u32 = 8;
 /// Spans whose steps one round of a partition reads together.
 const ROUND_SPANS: usize = 4;
 /// Blocks one round of a partition reads at most.
-const ROUND_READS: usize = 8;
+const ROUND_READS: usize = 16;
 /// Blocks one span's step reads at most: [`GALLOP`] pairs.
 const STEP_READS: usize = 2 * GALLOP as usize;
 
