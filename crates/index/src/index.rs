@@ -529,11 +529,7 @@ impl Step {
                 } else if !sparse {
                     (ends.min(GALLOP), run)
                 } else {
-                    // The last round's pairs found no change, and more
-                    // event ends lie ahead than a round reads: changes are
-                    // sparse, so the pairs spread over those ends evenly
-                    // (still on event ends), and each stretch between two
-                    // pairs follows the hint read at its start.
+                    // Evenly over the ends left, still on event ends.
                     (GALLOP, run * ((ends - 1) / (GALLOP - 1)))
                 };
                 Step::Pairs {
