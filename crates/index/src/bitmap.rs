@@ -115,6 +115,28 @@ impl<const W: usize> HostBitmap<W> {
         self.0.iter().map(|w| w.count_ones()).sum()
     }
 
+    /// The one slot set, if exactly one is.
+    ///
+    /// ```
+    /// use router_index::HostBitmap;
+    /// assert_eq!(HostBitmap::<2>::single(70).only(), Some(70));
+    /// assert_eq!(HostBitmap::<2>::EMPTY.only(), None);
+    /// assert_eq!([3, 70].into_iter().collect::<HostBitmap<2>>().only(), None);
+    /// ```
+    #[inline]
+    pub fn only(&self) -> Option<usize> {
+        let mut found = None;
+        for (i, &w) in self.0.iter().enumerate() {
+            if w != 0 {
+                if found.is_some() || w & (w - 1) != 0 {
+                    return None;
+                }
+                found = Some(i * 64 + w.trailing_zeros() as usize);
+            }
+        }
+        found
+    }
+
     /// Whether no pod is set.
     #[inline]
     pub fn is_empty(&self) -> bool {

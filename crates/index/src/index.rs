@@ -430,6 +430,24 @@ const GALLOP: u32 = 4;
 /// probes.
 const GALLOP_MIN_RUN: u32 = 8;
 
+/// The pairs a step crossing an open run reads (from the event end `at`,
+/// runs of `run` blocks, in a span ending at `hi`, after `idle` rounds
+/// that split nothing): how many, how far apart, and whether they are
+/// spread over the ends left rather than the next ones.
+#[inline(always)]
+fn gallop(at: u32, run: u32, hi: u32, idle: u8) -> (u32, u32, bool) {
+    let ends = (hi - 1 - at) / run + 1;
+    let sparse = run >= GALLOP_MIN_RUN && ends > GALLOP && idle > 0;
+    if run < GALLOP_MIN_RUN {
+        (1, run, false)
+    } else if !sparse {
+        (ends.min(GALLOP), run, false)
+    } else {
+        // Evenly over the ends left, still on event ends.
+        (GALLOP, run * ((ends - 1) / (GALLOP - 1)), true)
+    }
+}
+
 /// Spans whose steps one round of a partition reads together.
 const ROUND_SPANS: usize = 4;
 /// Blocks one round of a partition reads at most.
@@ -522,16 +540,7 @@ impl Step {
                 // such pairs found no change, the next spreads its pairs
                 // over all the ends left: a few changes among many events
                 // cost a search over the events, not a walk along them.
-                let ends = (s.hi - 1 - at) / run + 1;
-                let sparse = run >= GALLOP_MIN_RUN && ends > GALLOP && s.idle > 0;
-                let (pairs, stride) = if run < GALLOP_MIN_RUN {
-                    (1, run)
-                } else if !sparse {
-                    (ends.min(GALLOP), run)
-                } else {
-                    // Evenly over the ends left, still on event ends.
-                    (GALLOP, run * ((ends - 1) / (GALLOP - 1)))
-                };
+                let (pairs, stride, sparse) = gallop(at, run, s.hi, s.idle);
                 Step::Pairs {
                     g: at,
                     stride,
@@ -1491,7 +1500,15 @@ impl<const W: usize> Index<W> {
             out.add_probes(probes);
             return;
         }
-        if !rest.is_empty() {
+        if let Some(slot) = rest.only() {
+            // One pod left to place (every partial hit of W3's trace): a
+            // binary search of its own, without the partition's spans.
+            let hi = (n - 1) as u32;
+            let (depth, spent) =
+                self.descend_one(&guard, chain, slot as u16, hi, plan_after(0, hint0, hi));
+            self.emit(&rest, depth as usize, out);
+            probes += spent;
+        } else if !rest.is_empty() {
             let hi = (n - 1) as u32;
             let span = Span {
                 lo: 1,
@@ -1504,6 +1521,115 @@ impl<const W: usize> Index<W> {
             probes += self.partition(&guard, chain, span, out);
         }
         out.add_probes(probes);
+    }
+
+    /// The depth of the one pod `slot` that holds block 0 and not block
+    /// `hi`, searched from `plan` (block 0's): the partition of a lone pod,
+    /// with a flag and two bounds for a span, so a probe costs a lookup
+    /// and a bit test, not the bitmaps and stack of [`Index::partition`].
+    /// It follows the hints as a span would (pairs at a predicted change,
+    /// gallops over event ends, halving after [`MAX_IDLE`] wrong guesses),
+    /// and its pairs of a round are read before any is judged, so their
+    /// misses overlap. The depth and the probes spent.
+    #[inline(never)]
+    fn descend_one<C: HashChain + ?Sized>(
+        &self,
+        g: &Guard,
+        chain: &C,
+        slot: u16,
+        hi: u32,
+        plan: Plan,
+    ) -> (u32, u32) {
+        let read = |i: u32| {
+            let hash = chain.hash_at(i as usize);
+            let (held, h) = self.shard(hash).holds(g, hash, slot);
+            (held, Hint(h))
+        };
+        // The pod holds block lo - 1 and not block hi.
+        let (mut lo, mut hi, mut plan) = (1, hi, plan);
+        let mut idle = 0u8;
+        let mut probes = 0;
+        while lo < hi {
+            waited();
+            let plan_now = if idle >= MAX_IDLE { Plan::Halve } else { plan };
+            match plan_now {
+                Plan::At(end) | Plan::Through(end, _) if end == hi => {
+                    // The run goes on to the end: the pod stops at hi, or
+                    // before hi - 1.
+                    probes += 1;
+                    if read(hi - 1).0 {
+                        return (hi, probes);
+                    }
+                    (hi, plan, idle) = (hi - 1, Plan::Halve, idle + 1);
+                }
+                Plan::At(at) | Plan::Through(at, _) if at <= lo => {
+                    // Block lo itself: held, or the pod stops at lo.
+                    probes += 1;
+                    let (held, h) = read(lo);
+                    if !held {
+                        return (lo, probes);
+                    }
+                    (lo, plan, idle) = (lo + 1, plan_after(lo, h, hi), idle + 1);
+                }
+                Plan::At(at) | Plan::Through(at, _) if at < hi => {
+                    let (pairs, stride, sparse) = match plan_now {
+                        Plan::Through(_, run) => gallop(at, run, hi, idle),
+                        _ => (1, 0, false),
+                    };
+                    // Every pair's lines are fetched at once, so a cold
+                    // table's misses overlap; the reads then go in order
+                    // and stop at the pair that settles the search (each
+                    // judged only if the pod held every block before it).
+                    if pairs > 1 {
+                        for j in 0..pairs {
+                            let b = at + j * stride;
+                            for hash in [chain.hash_at(b as usize - 1), chain.hash_at(b as usize)] {
+                                let sh = self.shard(hash);
+                                sh.prefetch_header();
+                                sh.prefetch_entry(hash);
+                            }
+                        }
+                    }
+                    let mut last: Option<(u32, Hint)> = None;
+                    let mut stopped = false;
+                    for j in 0..pairs {
+                        let b = at + j * stride;
+                        probes += 1;
+                        if !read(b - 1).0 {
+                            // Between the previous pair and this one.
+                            hi = b - 1;
+                            (plan, idle) = match last {
+                                Some((p, hp)) => (plan_after(p, hp, hi), u8::from(sparse)),
+                                None => (Plan::Halve, idle + 1),
+                            };
+                            stopped = true;
+                            break;
+                        }
+                        probes += 1;
+                        let (now, h) = read(b);
+                        if !now {
+                            return (b, probes);
+                        }
+                        lo = b + 1;
+                        last = Some((b, h));
+                    }
+                    if !stopped && let Some((p, hp)) = last {
+                        (plan, idle) = (plan_after(p, hp, hi), idle + 1);
+                    }
+                }
+                _ => {
+                    let mid = lo + (hi - lo) / 2;
+                    probes += 1;
+                    let (held, h) = read(mid);
+                    if held {
+                        (lo, plan, idle) = (mid + 1, plan_after(mid, h, hi), 0);
+                    } else {
+                        (hi, plan) = (mid, Plan::Halve);
+                    }
+                }
+            }
+        }
+        (lo, probes)
     }
 
     /// The binary partition of `first`'s pods, guided by the run hints:

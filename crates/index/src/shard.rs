@@ -178,6 +178,26 @@ impl<const W: usize> ShardCore<W> {
         self.lock.still(seq).then_some(read)
     }
 
+    /// Whether pod `slot` holds `hash`, and its hint, validated as
+    /// [`ShardCore::look`] is: one pod's read, a bit test instead of a
+    /// bitmap.
+    #[inline]
+    pub(crate) fn holds(&self, guard: &Guard, hash: u64, slot: u16) -> (bool, u16) {
+        let mut round = 0;
+        loop {
+            if let Some(s) = self.lock.begin_read() {
+                let r = match self.map.lookup(guard, hash) {
+                    Some(h) => (h.contains::<W>(&self.slab.read(guard), slot), h.hint()),
+                    None => (false, 0),
+                };
+                if self.lock.still(s) {
+                    return r;
+                }
+            }
+            self.lock.wait_for_writer(&mut round);
+        }
+    }
+
     /// [`ShardCore::look_unchecked`], validated: tried again while writes
     /// race it.
     #[inline]

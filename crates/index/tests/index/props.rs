@@ -359,6 +359,52 @@ fn hints_settle_a_run_per_group_in_about_two_probes() {
 }
 
 #[test]
+fn a_lone_pods_hint_places_it_in_one_pair() {
+    // A conversation's pod holds its earlier turns (one event each, parents
+    // named) and is asked for a longer prompt: block 0's hint names the
+    // first turn's end, and the turns after it are crossed a round of
+    // event ends at a time, read in order until one settles it. Four
+    // probes for one turn (the opening's two, then the pair at its end);
+    // with more turns of one length, a pair per turn.
+    for (n, turns) in [
+        (40, vec![17]),
+        (300, vec![64]),
+        (300, vec![100, 37, 52]),
+        (2000, vec![64; 9]),
+    ] {
+        let index = Index::<4>::new(config(4, 8, 32));
+        let pod = join_n(&index, 1)[0];
+        let c = chain(9, n);
+        let mut at = 0usize;
+        for len in &turns {
+            let parent = at.checked_sub(1).map(|p| c[p]);
+            index
+                .store_after(pod, Tier::Gpu, parent, &c[at..at + len])
+                .unwrap();
+            at += len;
+        }
+        let m = index.match_prefix(&c);
+        assert_eq!(m.pods(), index.match_prefix_linear(&c).pods());
+        assert_eq!(m.pods()[0].blocks as usize, at);
+        // Turns of unequal lengths make the reads ahead at event ends
+        // guess wrong: then a halving's worth more.
+        let equal = turns.iter().all(|&t| t == turns[0]);
+        let bound = 2
+            + 2 * turns.len() as u32
+            + if equal {
+                0
+            } else {
+                2 * (usize::BITS - n.leading_zeros())
+            };
+        assert!(
+            m.probes() <= bound,
+            "{n} blocks, turns {turns:?}: {} probes, bound {bound}",
+            m.probes()
+        );
+    }
+}
+
+#[test]
 fn probes_grow_with_distinct_depths_not_with_pods() {
     let index = Index::<4>::new(config(4, 8, 32));
     let pods = join_n(&index, 256);
@@ -432,5 +478,73 @@ proptest! {
             .map(|(p, d)| (*p, d))
             .collect();
         prop_assert_eq!(got, want);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// One pod left after the opening (it holds block 0, not the last;
+    /// the others hold the whole chain or none of it), as most of a trace's
+    /// partial hits are: its own search, led by hints from its events
+    /// (true, missing or wrong parents), from branches that share a prefix
+    /// with the query and go on elsewhere, and from evicted tails, gives
+    /// the oracle's depth.
+    #[test]
+    fn a_lone_pod_is_placed_as_the_oracle_places_it(
+        n in 2usize..3000,
+        depth in 1usize..3000,
+        events in prop::collection::vec(1usize..300, 1..12),
+        parents in any::<bool>(),
+        branches in prop::collection::vec((0usize..3000, 1usize..400, 1usize..200), 0..4),
+        evict in prop::option::of(1usize..3000),
+        others in 0usize..3,
+        wide in any::<bool>(),
+    ) {
+        let index = Index::<4>::new(config(4, 8, 32));
+        let pods = join_past_idle(&index, 1 + others, wide);
+        let c = chain(3, n);
+        let mut want = depth.min(n - 1);
+        // The lone pod's blocks, in events of the drawn lengths (the last
+        // one repeated).
+        let mut at = 0;
+        let mut e = 0;
+        while at < want {
+            let to = (at + events[e.min(events.len() - 1)]).min(want);
+            let parent = at.checked_sub(1).filter(|_| parents).map(|i| c[i]);
+            index.store_after(pods[0], Tier::Gpu, parent, &c[at..to]).unwrap();
+            at = to;
+            e += 1;
+        }
+        // Branches: the query's first k blocks, then blocks of another chain.
+        for (b, (k, len, chunk)) in branches.into_iter().enumerate() {
+            let k = k.min(want);
+            let mut other: Vec<BlockHash> = c[..k].to_vec();
+            other.extend(chain(100 + b as u64, len));
+            let mut at = k;
+            while at < other.len() {
+                let to = (at + chunk).min(other.len());
+                let parent = at.checked_sub(1).map(|i| other[i]);
+                index.store_after(pods[0], Tier::Gpu, parent, &other[at..to]).unwrap();
+                at = to;
+            }
+        }
+        if let Some(from) = evict {
+            let from = from.clamp(1, n);
+            index.remove(pods[0], Tier::Gpu, &c[from..]).unwrap();
+            want = want.min(from);
+        }
+        for &p in &pods[1..] {
+            index.store(p, Tier::Gpu, &c).unwrap();
+        }
+        let bin = index.match_prefix(&c);
+        let lin = index.match_prefix_linear(&c);
+        prop_assert_eq!(bin.pods(), lin.pods());
+        let got = bin.pods().iter().find(|m| m.pod == pods[0]).map(|m| m.blocks as usize);
+        prop_assert_eq!(got, Some(want));
+        // A search, not a walk, whatever the hints said: the partition's
+        // bound for one group (a few wasted probes per halving step).
+        let bound = 2 + 6 * (usize::BITS - n.leading_zeros() + 1) as usize;
+        prop_assert!(bin.probes() as usize <= bound, "{} probes, bound {}", bin.probes(), bound);
     }
 }
