@@ -35,9 +35,8 @@ const FIBONACCI: u64 = router_core::GOLDEN_GAMMA;
 /// The shard of a block hash among `1 << bits` shards.
 #[inline]
 pub(crate) fn shard_of(hash: u64, bits: u32) -> usize {
-    hash.wrapping_mul(FIBONACCI)
-        .checked_shr(64 - bits)
-        .unwrap_or(0) as usize
+    // Two shifts, so that 0 bits (one shard) needs no branch.
+    (hash.wrapping_mul(FIBONACCI) >> 1 >> (63 - bits)) as usize
 }
 
 /// The writer's state of one shard, behind its lock.
@@ -181,7 +180,7 @@ impl<const W: usize> ShardCore<W> {
     /// Whether pod `slot` holds `hash`, and its hint, validated as
     /// [`ShardCore::look`] is: one pod's read, a bit test instead of a
     /// bitmap.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn holds(&self, guard: &Guard, hash: u64, slot: u16) -> (bool, u16) {
         let mut round = 0;
         loop {
