@@ -1281,28 +1281,37 @@ impl<const W: usize> Index<W> {
         found: &mut [(HostBitmap<W>, Hint)],
     ) {
         waited();
+        debug_assert!(
+            hashes.len() <= ROUND_READS,
+            "a round reads at most ROUND_READS blocks"
+        );
+        // Each block's shard found once, for both halves of its read.
+        let mut shards = [&self.shards[0]; ROUND_READS];
+        for (sh, &h) in shards.iter_mut().zip(hashes) {
+            *sh = self.shard(h);
+        }
         let mut round = 0;
         loop {
-            for (st, &h) in staged.iter_mut().zip(hashes) {
-                *st = self.shard(h).stage(g, h);
+            for ((st, sh), &h) in staged.iter_mut().zip(&shards).zip(hashes) {
+                *st = sh.stage(g, h);
             }
             let mut raced = None;
-            for (i, (&h, (st, out))) in hashes
+            for (i, (sh, (st, out))) in shards
                 .iter()
                 .zip(staged.iter().zip(&mut *found))
                 .enumerate()
             {
-                match self.shard(h).finish(g, *st, cands[i]) {
+                match sh.finish(g, *st, cands[i]) {
                     Some((held, hint)) => *out = (held, Hint(hint)),
                     None => {
-                        raced = Some(h);
+                        raced = Some(*sh);
                         break;
                     }
                 }
             }
             match raced {
                 None => return,
-                Some(h) => self.shard(h).lock.wait_for_writer(&mut round),
+                Some(sh) => sh.lock.wait_for_writer(&mut round),
             }
         }
     }
