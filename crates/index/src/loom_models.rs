@@ -271,3 +271,49 @@ fn loom_a_lock_free_read_racing_table_growth_finds_old_entries() {
         assert_eq!(index.match_prefix(&[BlockHash(7)]).blocks_for(a), 1);
     });
 }
+
+/// A lone pod's own search (the opening leaves one pod holding block 0 and
+/// not the last block) racing a store, then a removal, of the block
+/// between: it sees the pod's depth from before or after the write, never
+/// another, and the answer once the writer is done is exact.
+#[test]
+fn loom_a_lone_pods_search_racing_a_write_sees_before_or_after() {
+    for store in [true, false] {
+        loom::model(move || {
+            // No short-chain scan: the opening hands the pod to its search.
+            let config = IndexConfig::default()
+                .shard_bits(1)
+                .background_sweep(false)
+                .short_scan(0);
+            let index = Index::<1>::new(config);
+            let a = index.join(&key("a")).unwrap();
+            let [c0, c1] = two_shard_chain();
+            let chain = [c0, c1, BlockHash(99)];
+            let before = if store {
+                index.store(a, Tier::Gpu, &[c0]).unwrap();
+                1
+            } else {
+                index.store(a, Tier::Gpu, &[c0, c1]).unwrap();
+                2
+            };
+            let after = 3 - before;
+            let writer = {
+                let index = index.clone();
+                loom::thread::spawn(move || {
+                    if store {
+                        index.store_after(a, Tier::Gpu, Some(c0), &[c1]).unwrap();
+                    } else {
+                        index.remove(a, Tier::Gpu, &[c1]).unwrap();
+                    }
+                })
+            };
+            let seen = index.match_prefix(&chain).blocks_for(a);
+            assert!(
+                seen == before || seen == after,
+                "saw {seen} blocks, before {before}, after {after}"
+            );
+            writer.join().unwrap();
+            assert_eq!(index.match_prefix(&chain).blocks_for(a), after);
+        });
+    }
+}
