@@ -25,7 +25,10 @@
 //! run after next ends instead (its own "change next" the pair already
 //! tells), so once a pair confirms its change, the next step reads two
 //! changes' pairs at once. Hints only choose split points: the answer
-//! never depends on them.
+//! never depends on them. When one pod is left to place (a conversation
+//! that stays on its pod, as every partial hit of a trace does), its
+//! search needs no pod sets: two bounds, and a lookup and a bit test per
+//! probe.
 //!
 //! On cold state a probe's cost is its cache misses, so reads are issued
 //! to overlap them: a pair's two reads are begun before either is
