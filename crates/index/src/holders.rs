@@ -359,7 +359,17 @@ impl Holders {
         }
         match self.slab_index() {
             Some(i) => slab.bitmap(i).contains(slot as usize),
-            None => self.lanes().contains(&slot),
+            None => {
+                // Whether some lane equals `slot`, i.e. some lane of `v` is
+                // zero: subtracting one from every lane borrows into a
+                // lane's top bit where that lane was zero (or a lane below
+                // it was, so the test as a whole stays exact), and a lane
+                // whose own top bit was set is masked out by `!v`.
+                const ONES: u64 = 1 | 1 << LANE_BITS | 1 << (2 * LANE_BITS) | 1 << (3 * LANE_BITS);
+                const TOPS: u64 = ONES << (LANE_BITS - 1);
+                let v = (self.0 ^ (slot as u64).wrapping_mul(ONES)) & LANES_MASK;
+                v.wrapping_sub(ONES) & !v & TOPS != 0
+            }
         }
     }
 
@@ -597,6 +607,33 @@ mod tests {
         assert_eq!(h.hint(), 77);
     }
 
+    /// The lanes' membership test (a zero-lane test on the record XOR the
+    /// slot) against a plain comparison, for every slot against records of
+    /// up to four lanes, each a slot or empty, with any hint.
+    #[test]
+    fn a_lane_test_finds_exactly_the_slots_in_lanes() {
+        let s = Slab::<16>::default();
+        let guard = crate::sync::pin();
+        let slab = s.read(&guard);
+        let picks = [
+            0u16, 1, 2, 7, 45, 63, 64, 511, 512, 1000, 1022, 1023, EMPTY_LANE,
+        ];
+        for a in picks {
+            for b in picks {
+                for c in [0u16, 3, 1023, EMPTY_LANE] {
+                    for d in [EMPTY_LANE, 1, 1022] {
+                        let mut h = Holders::EMPTY.with_lanes([a, b, c, d]);
+                        h.set_hint(0xFFFF);
+                        for x in 0..1024u16 {
+                            let want = [a, b, c, d].contains(&x);
+                            assert_eq!(h.contains::<16>(&slab, x), want, "{x} in {a} {b} {c} {d}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     /// One operation on a holders record: insert a slot, or remove a set.
     #[derive(Clone, Debug)]
     enum Op {
@@ -636,8 +673,14 @@ mod tests {
             assert_eq!(slab.live(), usize::from(h.is_slab()));
             let c: HostBitmap<W> = cand.iter().map(|&x| (x % cap) as usize).collect();
             assert_eq!(h.and(&slab, &c), want.and(&c));
-            for x in [0u16, 45, 46, 47, 63, cap - 1] {
-                assert_eq!(h.contains(&slab, x), model.contains(&x));
+            let members = model.iter().copied();
+            let others = cand.iter().map(|&x| x % cap);
+            for x in [0u16, 45, 46, 47, 63, cap - 1]
+                .into_iter()
+                .chain(members)
+                .chain(others)
+            {
+                assert_eq!(h.contains(&slab, x), model.contains(&x), "slot {x}");
             }
         }
     }
