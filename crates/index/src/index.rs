@@ -449,6 +449,10 @@ fn gallop(at: u32, run: u32, hi: u32, idle: u8) -> (u32, u32, bool) {
     }
 }
 
+/// The parts a lone pod's search cuts a span into when no hint leads it
+/// (spans shorter than twice this are halved).
+const SPLIT: usize = 4;
+
 /// Spans whose steps one round of a partition reads together.
 const ROUND_SPANS: usize = 4;
 /// Blocks one round of a partition reads at most.
@@ -1538,9 +1542,10 @@ impl<const W: usize> Index<W> {
     /// with a flag and two bounds for a span, so a probe costs a lookup
     /// and a bit test, not the bitmaps and stack of [`Index::partition`].
     /// It follows the hints as a span would (pairs at a predicted change,
-    /// gallops over event ends, halving after [`MAX_IDLE`] wrong guesses),
-    /// and its pairs of a round are read before any is judged, so their
-    /// misses overlap. The depth and the probes spent.
+    /// gallops over event ends, and after [`MAX_IDLE`] wrong guesses or
+    /// without a hint, cuts into [`SPLIT`] parts). A round's blocks are
+    /// prefetched together, so their misses overlap, and read in order
+    /// until one settles it. The depth and the probes spent.
     #[inline(never)]
     fn descend_one<C: HashChain + ?Sized>(
         &self,
@@ -1638,13 +1643,41 @@ impl<const W: usize> Index<W> {
                     }
                 }
                 _ => {
-                    let mid = lo + (hi - lo) / 2;
-                    probes += 1;
-                    let (held, h) = read(mid);
-                    if held {
-                        (lo, plan, idle) = (mid + 1, plan_after(mid, h, hi), 0);
+                    // Quarters, not halves, on a span long enough: the
+                    // three blocks' lines are fetched at once and the
+                    // blocks read in order until one is not held, so a
+                    // cold table waits once per two levels of the search
+                    // (the reads a halving would skip cost less than the
+                    // waits saved: W3's partial hits, docs/BENCHMARKS.md).
+                    let span = hi - lo;
+                    let parts = if span >= 2 * SPLIT as u32 {
+                        SPLIT as u32
                     } else {
-                        (hi, plan) = (mid, Plan::Halve);
+                        2
+                    };
+                    let mut cuts = [0u32; SPLIT - 1];
+                    for (k, c) in cuts.iter_mut().enumerate().take(parts as usize - 1) {
+                        // In u64: no overflow whatever the chain's length.
+                        *c = lo + (u64::from(span) * (k as u64 + 1) / u64::from(parts)) as u32;
+                    }
+                    let cuts = &cuts[..parts as usize - 1];
+                    if parts > 2 {
+                        for &c in cuts {
+                            let hash = chain.hash_at(c as usize);
+                            let sh = self.shard(hash);
+                            sh.prefetch_header();
+                            sh.prefetch_entry(hash);
+                        }
+                    }
+                    for &c in cuts {
+                        probes += 1;
+                        let (held, h) = read(c);
+                        if held {
+                            (lo, plan, idle) = (c + 1, plan_after(c, h, hi), 0);
+                        } else {
+                            (hi, plan) = (c, Plan::Halve);
+                            break;
+                        }
                     }
                 }
             }
@@ -2161,6 +2194,42 @@ mod tests {
 
     fn rounds_for(len: usize, every: usize, pods: usize) -> u32 {
         search_for(len, every, pods).0
+    }
+
+    #[test]
+    fn a_lone_pod_without_a_useful_hint_waits_once_per_two_levels() {
+        // The pod stored the query's first `d` blocks as the start of a
+        // longer chain that goes on elsewhere (a conversation that
+        // branched), so every hint it reads says the run goes past the
+        // query's end: no hint leads, and the search cuts. Quartering waits
+        // one round per two levels (a halving would wait one per level:
+        // 12 rounds on 2048 blocks).
+        for (n, d) in [
+            (2048usize, 700usize),
+            (2048, 1),
+            (2048, 2046),
+            (300, 123),
+            (40, 17),
+        ] {
+            let index = Index::<4>::new(IndexConfig::default().background_sweep(false));
+            let pod = index.join(&PodKey::new("http://pod", 0)).unwrap();
+            let c: Vec<BlockHash> = (0..n as u64).map(|i| BlockHash(9 << 32 | i)).collect();
+            let mut branch = c[..d].to_vec();
+            branch.extend((0..3000u64).map(|i| BlockHash(11 << 32 | i)));
+            index.store(pod, Tier::Gpu, &branch).unwrap();
+            WAITS.with(|w| w.set(0));
+            let m = index.match_prefix(&c);
+            let waits = WAITS.with(|w| w.get());
+            assert_eq!(m.pods().len(), 1);
+            assert_eq!(m.pods()[0].blocks as usize, d);
+            let levels = usize::BITS - n.leading_zeros();
+            let bound = 2 + levels.div_ceil(2) + 1;
+            assert!(
+                waits <= bound,
+                "{n} blocks, depth {d}: {waits} rounds, bound {bound}"
+            );
+            assert!(m.probes() <= 2 + 2 * levels, "{} probes", m.probes());
+        }
     }
 
     #[test]
