@@ -1537,6 +1537,15 @@ impl<const W: usize> Index<W> {
         out.add_probes(probes);
     }
 
+    /// Prefetches the shard header and cell line of block `hash`, for a
+    /// read that will follow.
+    #[inline(always)]
+    fn prefetch_block(&self, hash: u64) {
+        let sh = self.shard(hash);
+        sh.prefetch_header();
+        sh.prefetch_entry(hash);
+    }
+
     /// The depth of the one pod `slot` that holds block 0 and not block
     /// `hi`, searched from `plan` (block 0's): the partition of a lone pod,
     /// with a flag and two bounds for a span, so a probe costs a lookup
@@ -1608,15 +1617,11 @@ impl<const W: usize> Index<W> {
                     if pairs > 1 {
                         for j in 0..pairs {
                             let b = at + j * stride;
-                            for hash in [chain.hash_at(b as usize - 1), chain.hash_at(b as usize)] {
-                                let sh = self.shard(hash);
-                                sh.prefetch_header();
-                                sh.prefetch_entry(hash);
-                            }
+                            self.prefetch_block(chain.hash_at(b as usize - 1));
+                            self.prefetch_block(chain.hash_at(b as usize));
                         }
                     }
                     let mut last: Option<(u32, Hint)> = None;
-                    let mut stopped = false;
                     for j in 0..pairs {
                         let b = at + j * stride;
                         probes += 1;
@@ -1627,7 +1632,6 @@ impl<const W: usize> Index<W> {
                                 Some((p, hp)) => (plan_after(p, hp, hi), u8::from(sparse)),
                                 None => (Plan::Halve, idle + 1),
                             };
-                            stopped = true;
                             break;
                         }
                         probes += 1;
@@ -1637,9 +1641,10 @@ impl<const W: usize> Index<W> {
                         }
                         lo = b + 1;
                         last = Some((b, h));
-                    }
-                    if !stopped && let Some((p, hp)) = last {
-                        (plan, idle) = (plan_after(p, hp, hi), idle + 1);
+                        if j + 1 == pairs {
+                            // Every pair held: on past the last one.
+                            (plan, idle) = (plan_after(b, h, hi), idle + 1);
+                        }
                     }
                 }
                 _ => {
@@ -1663,10 +1668,7 @@ impl<const W: usize> Index<W> {
                     let cuts = &cuts[..parts as usize - 1];
                     if parts > 2 {
                         for &c in cuts {
-                            let hash = chain.hash_at(c as usize);
-                            let sh = self.shard(hash);
-                            sh.prefetch_header();
-                            sh.prefetch_entry(hash);
+                            self.prefetch_block(chain.hash_at(c as usize));
                         }
                     }
                     for &c in cuts {

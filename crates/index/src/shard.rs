@@ -35,6 +35,7 @@ const FIBONACCI: u64 = router_core::GOLDEN_GAMMA;
 /// The shard of a block hash among `1 << bits` shards.
 #[inline]
 pub(crate) fn shard_of(hash: u64, bits: u32) -> usize {
+    debug_assert!(bits < 64, "at most 2^63 shards");
     // Two shifts, so that 0 bits (one shard) needs no branch.
     (hash.wrapping_mul(FIBONACCI) >> 1 >> (63 - bits)) as usize
 }
