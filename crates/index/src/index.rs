@@ -1516,7 +1516,7 @@ impl<const W: usize> Index<W> {
         }
         if let Some(slot) = rest.only() {
             // One pod left to place (every partial hit of W3's trace): a
-            // binary search of its own, without the partition's spans.
+            // search of its own, without the partition's spans.
             let hi = (n - 1) as u32;
             let (depth, spent) =
                 self.descend_one(&guard, chain, slot as u16, hi, plan_after(0, hint0, hi));
