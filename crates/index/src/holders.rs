@@ -90,6 +90,11 @@ pub(crate) struct SlabRead<'g> {
     lines: &'g [Line],
 }
 
+impl SlabRead<'_> {
+    /// No array: every bitmap read from it is empty.
+    pub(crate) const EMPTY: SlabRead<'static> = SlabRead { lines: &[] };
+}
+
 impl<const W: usize> Slab<W> {
     /// The reader's view.
     #[inline]

@@ -5,7 +5,7 @@ use std::sync::{Arc, Weak};
 
 use router_core::{
     BlockHash, CacheEvent, CacheEventSink, Error, PodDirectory, PodId, PodKey, PrefixIndex,
-    PrefixMatch, Tier, TierCounts,
+    PrefixMatch, Tier, TierCounts, mix64,
 };
 use smallvec::SmallVec;
 
@@ -461,15 +461,15 @@ const ROUND_READS: usize = 16;
 const STEP_READS: usize = 2 * GALLOP as usize;
 
 /// The buffers of a partition round that reads several spans' blocks.
-struct Round<const W: usize> {
+struct Round<'g, const W: usize> {
     spans: [Span<W>; ROUND_SPANS],
     steps: [Step; ROUND_SPANS],
     hashes: [u64; ROUND_READS],
-    staged: [Staged; ROUND_READS],
+    staged: [Staged<'g>; ROUND_READS],
     found: [(HostBitmap<W>, Hint); ROUND_READS],
 }
 
-impl<const W: usize> Round<W> {
+impl<const W: usize> Round<'_, W> {
     fn new(span: Span<W>) -> Self {
         Round {
             spans: [span; ROUND_SPANS],
@@ -935,14 +935,14 @@ impl<const W: usize> Index<W> {
             self.shard(b).prefetch_header();
         }
         for &BlockHash(b) in &blocks[n.saturating_sub(AHEAD)..] {
-            self.shard(b).prefetch_entry(b);
+            self.shard(b).prefetch_entry(mix64(b));
         }
         for (j, &BlockHash(h)) in blocks.iter().enumerate().rev() {
             if let Some(&BlockHash(far)) = j.checked_sub(2 * AHEAD).map(|k| &blocks[k]) {
                 self.shard(far).prefetch_header();
             }
             if let Some(&BlockHash(near)) = j.checked_sub(AHEAD).map(|k| &blocks[k]) {
-                self.shard(near).prefetch_entry(near);
+                self.shard(near).prefetch_entry(mix64(near));
             }
             if try_skip {
                 let g = guard.get_or_insert_with(pin);
@@ -1276,12 +1276,12 @@ impl<const W: usize> Index<W> {
     /// before any ended). A raced set is read again once the writer is out.
     /// The buffers are the caller's, so a round sets up no arrays.
     #[inline]
-    fn probe_into(
+    fn probe_into<'g>(
         &self,
-        g: &Guard,
+        g: &'g Guard,
         hashes: &[u64],
         cands: &[&HostBitmap<W>],
-        staged: &mut [Staged],
+        staged: &mut [Staged<'g>],
         found: &mut [(HostBitmap<W>, Hint)],
     ) {
         waited();
@@ -1297,7 +1297,7 @@ impl<const W: usize> Index<W> {
         let mut round = 0;
         loop {
             for ((st, sh), &h) in staged.iter_mut().zip(&shards).zip(hashes) {
-                *st = sh.stage(g, h);
+                *st = sh.stage(g, h, mix64(h));
             }
             let mut raced = None;
             for (i, (sh, (st, out))) in shards
@@ -1305,7 +1305,7 @@ impl<const W: usize> Index<W> {
                 .zip(staged.iter().zip(&mut *found))
                 .enumerate()
             {
-                match sh.finish(g, *st, cands[i]) {
+                match sh.finish(*st, cands[i]) {
                     Some((held, hint)) => *out = (held, Hint(hint)),
                     None => {
                         raced = Some(*sh);
@@ -1336,11 +1336,14 @@ impl<const W: usize> Index<W> {
         let shards = [self.shard(a), self.shard(b)];
         let mut round = 0;
         loop {
-            let staged = [shards[0].stage(g, a), shards[1].stage(g, b)];
+            let staged = [
+                shards[0].stage(g, a, mix64(a)),
+                shards[1].stage(g, b, mix64(b)),
+            ];
             let mut out = [(HostBitmap::EMPTY, Hint(0)); 2];
             let mut raced = None;
             for i in 0..2 {
-                match shards[i].finish(g, staged[i], cand) {
+                match shards[i].finish(staged[i], cand) {
                     Some((held, hint)) => out[i] = (held, Hint(hint)),
                     None => {
                         raced = Some(i);
@@ -1428,15 +1431,18 @@ impl<const W: usize> Index<W> {
                 shards[j] = self.shard(h);
                 shards[j].prefetch_header();
             }
+            // Each hash mixed once, for its cell's prefetch and its read.
+            let mut mixed = [0u64; SCAN_BATCH];
             for j in 0..k {
-                shards[j].prefetch_entry(hashes[j]);
+                mixed[j] = mix64(hashes[j]);
+                shards[j].prefetch_entry(mixed[j]);
             }
             let mut staged = [Staged::NONE; SCAN_BATCH];
             for j in 0..k {
-                staged[j] = shards[j].stage(g, hashes[j]);
+                staged[j] = shards[j].stage(g, hashes[j], mixed[j]);
             }
             for j in 0..k {
-                let held = match shards[j].finish(g, staged[j], &cand) {
+                let held = match shards[j].finish(staged[j], &cand) {
                     Some((held, _)) => held,
                     None => self.probe(g, hashes[j], &cand),
                 };
@@ -1543,7 +1549,7 @@ impl<const W: usize> Index<W> {
     fn prefetch_block(&self, hash: u64) {
         let sh = self.shard(hash);
         sh.prefetch_header();
-        sh.prefetch_entry(hash);
+        sh.prefetch_entry(mix64(hash));
     }
 
     /// The depth of the one pod `slot` that holds block 0 and not block

@@ -77,11 +77,17 @@ fn home(key: u64, cells: usize) -> usize {
 /// The cell holding `key` (not 0), searching at most one pass.
 #[inline]
 fn find_in(lines: &[Line], key: u64) -> Option<usize> {
+    find_mixed(lines, key, router_core::mix64(key))
+}
+
+/// [`find_in`], given `mixed`, the key's `mix64`.
+#[inline]
+fn find_mixed(lines: &[Line], key: u64, mixed: u64) -> Option<usize> {
     let cells = lines.len() * CELLS;
     if cells == 0 {
         return None;
     }
-    let mut i = home(key, cells);
+    let mut i = mixed as usize & (cells - 1);
     for _ in 0..cells {
         let k = cell(lines, i).0.load(Ordering::Acquire);
         if k == key {
@@ -120,21 +126,28 @@ impl BlockMap {
     /// raced, which the caller's sequence check detects.
     #[inline]
     pub(crate) fn lookup(&self, guard: &Guard, key: u64) -> Option<Holders> {
+        self.lookup_mixed(guard, key, router_core::mix64(key))
+    }
+
+    /// [`BlockMap::lookup`], given `mixed`, the key's `mix64` (which a
+    /// prefetch of its cell computed already).
+    #[inline]
+    pub(crate) fn lookup_mixed(&self, guard: &Guard, key: u64, mixed: u64) -> Option<Holders> {
         if key == EMPTY_KEY {
             let z = self.zero.load(Ordering::Acquire);
             return (z != ABSENT).then_some(Holders::from_raw(z));
         }
         let lines = self.lines.load(guard);
-        let i = find_in(lines, key)?;
+        let i = find_mixed(lines, key, mixed)?;
         Some(Holders::from_raw(cell(lines, i).1.load(Ordering::Acquire)))
     }
 
-    /// Prefetches the line of `key`'s home cell, for a lookup or an insert
-    /// that will follow.
+    /// Prefetches the line of the home cell of the key whose `mix64` is
+    /// `mixed`, for a lookup or an insert that will follow.
     #[inline]
-    pub(crate) fn prefetch(&self, key: u64) {
+    pub(crate) fn prefetch(&self, mixed: u64) {
         self.lines
-            .prefetch_line(|lines| home(key, lines * CELLS) / CELLS);
+            .prefetch_line(|lines| (mixed as usize & (lines * CELLS - 1)) / CELLS);
     }
 
     /// The writer's view, for the holder of the shard lock and its state.
