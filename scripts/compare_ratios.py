@@ -5,7 +5,7 @@ output, the median of several runs of each mode, with the range.
     scripts/compare_ratios.py --idle idle1.txt idle2.txt ... --loaded loaded1.txt ...
     scripts/compare_ratios.py --tables idle.txt loaded.txt
 
-Latencies are compared as the best peer's time over router-index's,
+Latencies and bytes are compared as the best peer's over router-index's,
 throughputs as router-index's over the best peer's: above 1, router-index
 is ahead. `--tables` instead merges one idle and one loaded run into the
 tables of docs/BENCHMARKS.md: both modes' latencies, the idle run's other
@@ -88,7 +88,8 @@ def rows(path):
         if ours is None or not peers:
             continue
         for j, h in enumerate(head[1:], start=1):
-            lower, higher = "(us)" in h, "/s" in h
+            # Memory counts as a latency does: less is better.
+            lower, higher = "(us)" in h or "bytes per" in h, "/s" in h
             if not (lower or higher):
                 continue
             mine = number(ours[j])

@@ -112,6 +112,11 @@ pub struct Workload {
     pub setup: Vec<Op>,
     /// The measured phase: queries, possibly interleaved with events.
     pub run: Vec<Op>,
+    /// The (block, pod) pairs held once every operation has run, where the
+    /// run's events change them (W3's stores and evictions): what an
+    /// index's memory at the end is divided by. `None` where the run only
+    /// queries.
+    pub end_residencies: Option<u64>,
 }
 
 /// Stores of a chain in events of `per_event` blocks, as engines emit them.
@@ -177,6 +182,7 @@ pub fn w1(seed: u64, queries: usize) -> Workload {
         chains,
         setup,
         run,
+        end_residencies: None,
     }
 }
 
@@ -235,6 +241,7 @@ pub fn w2(seed: u64, n: usize, k: usize, chains: usize, queries: usize) -> Workl
         chains: all,
         setup,
         run,
+        end_residencies: None,
     }
 }
 
@@ -344,5 +351,6 @@ pub fn w3(requests: &[TraceRequest], pods: usize, capacity: usize) -> Workload {
         chains,
         setup: Vec::new(),
         run,
+        end_residencies: Some(held.iter().map(|h| h.len() as u64).sum()),
     }
 }

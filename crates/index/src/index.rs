@@ -1363,8 +1363,13 @@ impl<const W: usize> Index<W> {
         if pods.is_empty() {
             return;
         }
-        let epoch = |s: usize| epoch_of(self.states[s].load(Ordering::Acquire));
         for (i, &word) in pods.words().iter().enumerate().filter(|(_, w)| **w != 0) {
+            // The word's 64 slot states, bounds-checked once: a pod's slot
+            // modulo 64 then indexes them with no check per pod.
+            let Some(states) = self.states.get(i * 64..(i + 1) * 64) else {
+                continue;
+            };
+            let epoch = |s: usize| epoch_of(states[s % 64].load(Ordering::Acquire));
             out.found_word(depth as u32, i * 64, word, epoch);
         }
     }

@@ -90,6 +90,10 @@ struct Outcome {
     run_secs: f64,
     bytes: i64,
     residencies: u64,
+    /// Live bytes once the run's events are applied (the harness's own
+    /// buffers taken out), and the (block, pod) pairs held then: W3 only.
+    end_bytes: i64,
+    end_residencies: u64,
     answers: Vec<Vec<(u32, u32)>>,
     /// Probes per query, for subjects that count them.
     probes: Option<f64>,
@@ -112,6 +116,8 @@ impl Outcome {
             "run_secs": self.run_secs,
             "bytes": self.bytes,
             "residencies": self.residencies,
+            "end_bytes": self.end_bytes,
+            "end_residencies": self.end_residencies,
             "answers": self.answers,
             "probes": self.probes,
             "writer_rate": self.writer_rate,
@@ -134,6 +140,8 @@ impl Outcome {
             run_secs: f("run_secs")?,
             bytes: v.get("bytes")?.as_i64()?,
             residencies: u("residencies")?,
+            end_bytes: v.get("end_bytes")?.as_i64()?,
+            end_residencies: u("end_residencies")?,
             answers: serde_json::from_value(v.get("answers")?.clone()).ok()?,
             probes: f("probes"),
             writer_rate: f("writer_rate")?,
@@ -271,6 +279,20 @@ fn run(w: &Workload, make: Factory, sample: usize) -> Outcome {
     }
     s.flush();
     o.run_secs = t.elapsed().as_secs_f64();
+    if let Some(r) = w.end_residencies {
+        // The harness's allocations since `before`, counted exactly (the
+        // allocator counts requested sizes): what is left is the index's.
+        let harness = o.name.capacity()
+            + o.query_ns.capacity() * std::mem::size_of::<u64>()
+            + o.answers.capacity() * std::mem::size_of::<Vec<(u32, u32)>>()
+            + o.answers
+                .iter()
+                .map(|a| a.capacity() * std::mem::size_of::<(u32, u32)>())
+                .sum::<usize>()
+            + out.capacity() * std::mem::size_of::<(u32, u32)>();
+        o.end_bytes = LIVE.load(Ordering::Relaxed) as i64 - before - harness as i64;
+        o.end_residencies = r;
+    }
     if let (Some(a), Some(b)) = (probes_before, s.probes()) {
         o.probes = Some((b - a) as f64 / queries.max(1) as f64);
     }
@@ -427,10 +449,17 @@ fn w3(quick: bool) {
         .iter()
         .map(|o| format!("{:.2} M", o.run_blocks as f64 / o.run_secs / 1e6))
         .collect();
+    let bytes: Vec<String> = outcomes
+        .iter()
+        .map(|o| format!("{:.1}", o.end_bytes as f64 / o.end_residencies.max(1) as f64))
+        .collect();
     query_table(
         &outcomes[0].title,
         &outcomes,
-        &[("blocks applied/s incl. queries", events)],
+        &[
+            ("blocks applied/s incl. queries", events),
+            ("bytes per (block, pod) after the run", bytes),
+        ],
     );
 }
 
