@@ -9,8 +9,10 @@
 //! inherits another's heap, page faults or caches: in one shared process
 //! the subject run first paid the page faults of every later one's memory
 //! (W1's stores ran up to 1.3x faster for the same index run last).
-//! Sampled query answers are compared across subjects. Without the `peers`
-//! feature only router-index runs.
+//! Sampled query answers are compared across subjects. Memory is what a
+//! counting global allocator saw the index keep: after the setup (W1, W2),
+//! and after the run's stores and evictions (W3, over the (block, pod)
+//! pairs left). Without the `peers` feature only router-index runs.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::process::Command;
@@ -451,7 +453,12 @@ fn w3(quick: bool) {
         .collect();
     let bytes: Vec<String> = outcomes
         .iter()
-        .map(|o| format!("{:.1}", o.end_bytes as f64 / o.end_residencies.max(1) as f64))
+        .map(|o| {
+            format!(
+                "{:.1}",
+                o.end_bytes as f64 / o.end_residencies.max(1) as f64
+            )
+        })
         .collect();
     query_table(
         &outcomes[0].title,
