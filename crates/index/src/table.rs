@@ -71,7 +71,13 @@ fn within_load(entries: usize, cells: usize) -> bool {
 
 #[inline]
 fn home(key: u64, cells: usize) -> usize {
-    router_core::mix64(key) as usize & (cells - 1)
+    home_mixed(router_core::mix64(key), cells)
+}
+
+/// [`home`], given `mixed`, the key's `mix64`.
+#[inline]
+fn home_mixed(mixed: u64, cells: usize) -> usize {
+    mixed as usize & (cells - 1)
 }
 
 /// The cell holding `key` (not 0), searching at most one pass.
@@ -87,7 +93,7 @@ fn find_mixed(lines: &[Line], key: u64, mixed: u64) -> Option<usize> {
     if cells == 0 {
         return None;
     }
-    let mut i = mixed as usize & (cells - 1);
+    let mut i = home_mixed(mixed, cells);
     for _ in 0..cells {
         let k = cell(lines, i).0.load(Ordering::Acquire);
         if k == key {
@@ -147,7 +153,7 @@ impl BlockMap {
     #[inline]
     pub(crate) fn prefetch(&self, mixed: u64) {
         self.lines
-            .prefetch_line(|lines| (mixed as usize & (lines * CELLS - 1)) / CELLS);
+            .prefetch_line(|lines| home_mixed(mixed, lines * CELLS) / CELLS);
     }
 
     /// The writer's view, for the holder of the shard lock and its state.
