@@ -9,6 +9,8 @@ use std::collections::{BTreeMap, HashMap};
 
 use router_core::BlockHash;
 
+use crate::subject::Subject;
+
 /// One chain: content hashes and the cumulative hashes over them.
 #[derive(Clone, Debug)]
 pub struct Chain {
@@ -183,6 +185,36 @@ pub fn w1(seed: u64, queries: usize) -> Workload {
         setup,
         run,
         end_residencies: None,
+    }
+}
+
+/// Applies `op`'s event to `s` (a query applies nothing): the blocks it
+/// names.
+pub fn apply(s: &dyn Subject, w: &Workload, op: &Op) -> u64 {
+    match op {
+        Op::Store {
+            pod,
+            chain,
+            from,
+            to,
+        } => {
+            s.store(
+                *pod,
+                &w.chains[*chain as usize],
+                *from as usize,
+                *to as usize,
+            );
+            u64::from(to - from)
+        }
+        Op::Remove {
+            pod,
+            chain,
+            positions,
+        } => {
+            s.remove(*pod, &w.chains[*chain as usize], positions);
+            positions.len() as u64
+        }
+        Op::Query { .. } => 0,
     }
 }
 

@@ -3,9 +3,36 @@
 //! events, and against router-index's own count after applying them.
 
 use std::collections::HashSet;
+use std::sync::Mutex;
 
 use router_bench::subject::{Ours, Subject};
-use router_bench::workload::{self, Op};
+use router_bench::workload::{self, Chain};
+
+/// The (pod, block) pairs held, as a set: the obviously right replay.
+#[derive(Default)]
+struct Pairs {
+    held: Mutex<HashSet<(u32, u64)>>,
+    evicted: Mutex<usize>,
+}
+
+impl Subject for Pairs {
+    fn name(&self) -> &'static str {
+        "a set of pairs"
+    }
+    fn store(&self, pod: u32, chain: &Chain, from: usize, to: usize) {
+        let mut held = self.held.lock().unwrap();
+        held.extend(chain.raw[from..to].iter().map(|&h| (pod, h)));
+    }
+    fn remove(&self, pod: u32, chain: &Chain, positions: &[u32]) {
+        let mut held = self.held.lock().unwrap();
+        let gone = positions
+            .iter()
+            .filter(|&&p| held.remove(&(pod, chain.raw[p as usize])))
+            .count();
+        *self.evicted.lock().unwrap() += gone;
+    }
+    fn query(&self, _: &Chain, _: &mut Vec<(u32, u32)>) {}
+}
 
 #[test]
 fn w3_counts_the_pairs_its_stores_and_evictions_leave() {
@@ -14,41 +41,16 @@ fn w3_counts_the_pairs_its_stores_and_evictions_leave() {
     // Small caches, so evictions run all along.
     let w = workload::w3(&requests[..1500], 8, 256);
     let ours = Ours::new(w.pods);
-    let mut held: HashSet<(u32, u64)> = HashSet::new();
-    let mut evicted = 0;
+    let set = Pairs::default();
     for op in &w.run {
-        match op {
-            Op::Store {
-                pod,
-                chain,
-                from,
-                to,
-            } => {
-                let c = &w.chains[*chain as usize];
-                held.extend(
-                    c.raw[*from as usize..*to as usize]
-                        .iter()
-                        .map(|&h| (*pod, h)),
-                );
-                ours.store(*pod, c, *from as usize, *to as usize);
-            }
-            Op::Remove {
-                pod,
-                chain,
-                positions,
-            } => {
-                let c = &w.chains[*chain as usize];
-                for &p in positions {
-                    evicted += usize::from(held.remove(&(*pod, c.raw[p as usize])));
-                }
-                ours.remove(*pod, c, positions);
-            }
-            Op::Query { .. } => {}
-        }
+        workload::apply(&ours, &w, op);
+        workload::apply(&set, &w, op);
     }
+    let evicted = *set.evicted.lock().unwrap();
     assert!(evicted > 10_000, "the caches evicted: {evicted}");
-    assert_eq!(w.end_residencies, Some(held.len() as u64));
-    assert_eq!(ours.index().stats().residencies, held.len() as u64);
+    let left = set.held.lock().unwrap().len() as u64;
+    assert_eq!(w.end_residencies, Some(left));
+    assert_eq!(ours.index().stats().residencies, left);
     // W1 and W2 only query in their run: their memory is counted after the
     // setup, over what it stored.
     assert_eq!(workload::w1(1, 10).end_residencies, None);

@@ -304,31 +304,7 @@ fn run(w: &Workload, make: Factory, sample: usize) -> Outcome {
 }
 
 fn apply(s: &dyn Subject, w: &Workload, op: &Op, blocks: &mut u64) {
-    match op {
-        Op::Store {
-            pod,
-            chain,
-            from,
-            to,
-        } => {
-            s.store(
-                *pod,
-                &w.chains[*chain as usize],
-                *from as usize,
-                *to as usize,
-            );
-            *blocks += (*to - *from) as u64;
-        }
-        Op::Remove {
-            pod,
-            chain,
-            positions,
-        } => {
-            s.remove(*pod, &w.chains[*chain as usize], positions);
-            *blocks += positions.len() as u64;
-        }
-        Op::Query { .. } => {}
-    }
+    *blocks += workload::apply(s, w, op);
 }
 
 /// How many sampled answers differ from the first subject's.

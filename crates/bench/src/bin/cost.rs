@@ -156,22 +156,9 @@ fn main() {
                 found += out.len();
                 queries += 1;
             }
-            Op::Store {
-                pod,
-                chain,
-                from,
-                to,
-            } => s.store(
-                *pod,
-                &w.chains[*chain as usize],
-                *from as usize,
-                *to as usize,
-            ),
-            Op::Remove {
-                pod,
-                chain,
-                positions,
-            } => s.remove(*pod, &w.chains[*chain as usize], positions),
+            event => {
+                workload::apply(&*s, &w, event);
+            }
         }
     }
     let run = t.elapsed();
