@@ -40,13 +40,17 @@ fn concurrent_writers_readers_and_churn_keep_the_invariants() {
     }
     let mut writers = Vec::new();
     // Two writers, each owning 8 stable pods: model = blocks each pod holds.
+    // Their pods join here, before any thread starts: joined by the writers
+    // themselves, on a loaded machine the churn thread could take every
+    // free slot first (its departed pods wait for a sweep), and the join
+    // failed with `TooManyPods`.
     for w in 0..2u64 {
         let (index, chains) = (index.clone(), chains.clone());
+        let pods: Vec<PodId> = (0..8)
+            .map(|i| index.join(&PodKey::new(format!("w{w}-{i}"), 0)).unwrap())
+            .collect();
         writers.push(std::thread::spawn(move || {
             let mut rng = Lcg(w + 1);
-            let pods: Vec<PodId> = (0..8)
-                .map(|i| index.join(&PodKey::new(format!("w{w}-{i}"), 0)).unwrap())
-                .collect();
             let mut model: HashMap<PodId, HashSet<BlockHash>> = HashMap::new();
             for _ in 0..20_000 {
                 let pod = pods[rng.next(8) as usize];
