@@ -20,7 +20,7 @@ use router_exec::{
 use router_hash::{ChainHasher, ModelTokenizer};
 use router_index::{Index, IndexConfig};
 use router_policy::builtin::{
-    BreakerConfig, CircuitBreaker, Memory, PrefixMatchPrepare, RoutedChains,
+    BreakerConfig, CircuitBreaker, Evictions, Memory, PrefixMatchPrepare, RoutedChains,
 };
 use router_policy::keys::{CACHE_HITS, CHAIN, HASH_KEY, PROMPT_TOKENS, SESSION_ID};
 use router_policy::{Built, Context, Filter, Fleet, KeyId, Plugin, PodState, Prepare, Registry};
@@ -326,9 +326,12 @@ impl Gateway {
             .cloned()
             .unwrap_or_else(|| Arc::new(CircuitBreaker::new(BreakerConfig::default())));
         let forget = routed.clone();
+        // Registrations end when the engine evicts their blocks.
+        let sink: Arc<dyn router_core::CacheEventSink> =
+            Arc::new(Evictions::new(index.clone(), routed.clone()));
         let subscriber = Subscriber::new(
             Arc::new(hasher),
-            index.clone(),
+            sink.clone(),
             index.clone(),
             Some(g.model.clone()),
             g.block_size,
@@ -380,7 +383,7 @@ impl Gateway {
             let forget = routed.clone();
             r.start_log(
                 log_hasher,
-                index.clone(),
+                sink.clone(),
                 Some(g.model.clone()),
                 g.block_size,
                 Some(Arc::new(move |pod, _| forget.remove_pod(pod))),

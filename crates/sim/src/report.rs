@@ -16,12 +16,18 @@ pub struct RequestRecord {
     pub input_tokens: u64,
     /// Leading blocks found cached on the chosen pod.
     pub hit_blocks: usize,
+    /// Leading blocks the decision counted on there (its `cache_hits` for
+    /// the chosen pod; 0 for policies that produce none).
+    pub predicted_blocks: usize,
     /// The chosen pod (index).
     pub pod: usize,
     /// Time to first token, ms after arrival (modelled).
     pub first_token_ms: Option<f64>,
     /// Time to the last token, ms after arrival (modelled).
     pub done_ms: Option<f64>,
+    /// The pod refused it: its prompt needs more blocks than the pod's
+    /// whole GPU cache (vLLM rejects a prompt its KV cache cannot hold).
+    pub rejected: bool,
 }
 
 impl RequestRecord {
@@ -31,9 +37,11 @@ impl RequestRecord {
             blocks: r.blocks.len(),
             input_tokens: r.input_tokens,
             hit_blocks: 0,
+            predicted_blocks: 0,
             pod: 0,
             first_token_ms: None,
             done_ms: None,
+            rejected: false,
         }
     }
 }
@@ -46,10 +54,22 @@ pub struct Report {
     pub policy: String,
     /// Requests replayed.
     pub requests: usize,
+    /// Requests the pods refused (prompts longer than a pod's whole GPU
+    /// cache): no policy can serve them, so they count in no latency.
+    pub rejected: usize,
+    /// Requests neither refused nor finished when the replay ended (0
+    /// unless the simulator is wrong: a test keeps it so).
+    pub unfinished: usize,
     /// Share of request blocks found cached.
     pub block_hit_rate: f64,
     /// Share of prompt tokens served from cache.
     pub token_hit_rate: f64,
+    /// Share of request blocks the decisions counted on (their predicted
+    /// hits on the chosen pods).
+    pub predicted_hit_rate: f64,
+    /// Share of served requests whose predicted hit was exactly the hit
+    /// their engine found.
+    pub predicted_exact: f64,
     /// The block hit rate over the pooled-cache bound (filled by the caller).
     pub pooled_share: f64,
     /// Modelled time to first token, ms: median.
@@ -126,7 +146,21 @@ impl Report {
         Report {
             policy: policy.to_owned(),
             requests: records.len(),
+            rejected: records.iter().filter(|r| r.rejected).count(),
+            unfinished: records
+                .iter()
+                .filter(|r| !r.rejected && r.done_ms.is_none())
+                .count(),
             block_hit_rate: hits as f64 / blocks.max(1) as f64,
+            predicted_hit_rate: records.iter().map(|r| r.predicted_blocks).sum::<usize>() as f64
+                / blocks.max(1) as f64,
+            predicted_exact: {
+                let served = records.iter().filter(|r| !r.rejected);
+                let (n, exact) = served.fold((0usize, 0usize), |(n, e), r| {
+                    (n + 1, e + usize::from(r.predicted_blocks == r.hit_blocks))
+                });
+                exact as f64 / n.max(1) as f64
+            },
             token_hit_rate: hit_tokens as f64 / tokens.max(1) as f64,
             pooled_share: 0.0,
             ttft_p50_ms: pct(&ttft, 0.5),

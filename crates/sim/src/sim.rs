@@ -9,7 +9,7 @@ use std::time::Instant;
 use router_core::{BlockHash, CacheEvent, CacheEventSink, PodDirectory, PodId, PodKey};
 use router_index::{Index, IndexConfig};
 use router_policy::builtin::{Memory, RoutedChains};
-use router_policy::keys::{CHAIN, HASH_KEY, NOW_MS, PROMPT_TOKENS, SESSION_ID};
+use router_policy::keys::{CACHE_HITS, CHAIN, HASH_KEY, NOW_MS, PROMPT_TOKENS, SESSION_ID};
 use router_policy::{Context, Fleet, PodState, PodStateSink, Profile, Role};
 
 use crate::cache::{BlockCache, CacheChange};
@@ -307,6 +307,13 @@ impl<'a> Simulation<'a> {
                 Kind::Arrival(r) => {
                     let p = self.route(r);
                     self.records[r].pod = p;
+                    if self.trace[r].blocks.len() > self.cfg.gpu_blocks {
+                        // It could never be admitted: refused at once, as
+                        // vLLM refuses a prompt its KV cache cannot hold
+                        // (waiting, it would block the pod's queue forever).
+                        self.records[r].rejected = true;
+                        continue;
+                    }
                     self.pods[p].waiting.push_back(r);
                     self.sync_fleet(p, t);
                     if !self.pods[p].stepping {
@@ -323,6 +330,11 @@ impl<'a> Simulation<'a> {
                     for e in &events {
                         // Events of live pods always apply.
                         let _ = self.index.apply(e);
+                        // What each router registered ends with the
+                        // engine's eviction (as `Evictions` does for one).
+                        for side in &self.routers {
+                            side.table.observe(e);
+                        }
                     }
                 }
                 Kind::Share(i) => {
@@ -421,6 +433,8 @@ impl<'a> Simulation<'a> {
         let decided = self.routers[k].profile.decide(&mut ctx, &mut pods);
         self.decision_ns.push(t0.elapsed().as_nanos() as u64);
         let pod = decided.map(|d| d.pod).unwrap_or(self.pods[0].id);
+        self.records[r].predicted_blocks =
+            ctx.get(CACHE_HITS).map_or(0, |h| h.blocks(pod) as usize);
         let p = self.pods.iter().position(|x| x.id == pod).unwrap_or(0);
         let now = (self.records[r].arrival_ms * 1000.0) as u64;
         for to in (0..self.routers.len()).filter(|&to| to != k) {
@@ -436,6 +450,10 @@ impl<'a> Simulation<'a> {
     fn request_order_one(&mut self, r: usize) {
         let p = self.route(r);
         self.records[r].pod = p;
+        if self.trace[r].blocks.len() > self.cfg.gpu_blocks {
+            self.records[r].rejected = true;
+            return;
+        }
         let blocks = self.trace[r].blocks.clone();
         let cache = &mut self.pods[p].cache;
         if let Some(adm) = cache.admit(&blocks) {
@@ -491,6 +509,9 @@ impl<'a> Simulation<'a> {
         if delay == 0 || self.cfg.request_order {
             for e in &events {
                 let _ = self.index.apply(e);
+                for side in &self.routers {
+                    side.table.observe(e);
+                }
             }
         } else {
             self.pending.push(events);

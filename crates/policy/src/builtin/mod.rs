@@ -17,7 +17,7 @@ pub use pickers::{
     ConsistentHash, LeastRequests, MaxScore, PowerOfTwo, RandomPick, RoundRobin, WeightedRandom,
 };
 pub use prepare::PrefixMatchPrepare;
-pub use routed::{Memory, RoutedChains, RoutedObserver, Speculative, wall_ms};
+pub use routed::{Evictions, Memory, RoutedChains, RoutedObserver, Speculative, wall_ms};
 pub use scorers::{
     CacheAwareCost, HashAffinity, LoadScorer, NoCacheSpread, PrefixCacheScorer, SessionAffinity,
     TierAwareScorer, TierWeights,

@@ -8,7 +8,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use parking_lot::Mutex;
-use router_core::{BlockHash, PodId};
+use router_core::{BlockHash, CacheEvent, CacheEventSink, PodId, Tier};
 
 use crate::context::{Context, KeyId};
 use crate::keys::{CACHE_HITS, CHAIN, CacheHits, NOW_MS};
@@ -44,9 +44,24 @@ pub struct Memory {
 }
 
 impl Memory {
-    /// Speculative registrations: 2 s (Dynamo's, llm-d's and vllm-router's
-    /// default TTL), 65,536 blocks per pod.
+    /// Speculative registrations: a routed chain counts until the engine
+    /// reports its blocks evicted ([`RoutedChains::observe`]), until the
+    /// pod's capacity pushes it out in LRU order (65,536 blocks per pod
+    /// until [`Speculative`] learns the pod's own `kv_blocks_total`), or
+    /// for 60 s at most.
+    ///
+    /// Why not a short TTL (2 s is Dynamo's, llm-d's and vllm-router's):
+    /// under KV-cache pressure a request waits in its engine's queue for
+    /// seconds before its prefill stores anything, and siblings arriving
+    /// after the TTL but before the events scatter over other pods.
     pub const SPECULATIVE: Memory = Memory {
+        ttl_ms: 60_000,
+        capacity_blocks: 65_536,
+    };
+
+    /// The old speculative memory: 2 s, 65,536 blocks per pod (the peers'
+    /// TTL, for comparisons).
+    pub const SHORT_TTL: Memory = Memory {
         ttl_ms: 2_000,
         capacity_blocks: 65_536,
     };
@@ -311,6 +326,61 @@ impl RoutedChains {
         }
     }
 
+    /// Forgets `pod`'s registrations of `blocks` (its engine reported them
+    /// evicted: the registration has nothing left to predict).
+    pub fn forget(&self, pod: PodId, blocks: &[BlockHash]) {
+        let mut inner = self.inner.lock();
+        let mut dropped = 0;
+        for b in blocks {
+            let Some(holders) = inner.blocks.get_mut(b) else {
+                continue;
+            };
+            let Some(i) = holders.iter().position(|h| h.pod == pod) else {
+                continue;
+            };
+            holders.swap_remove(i);
+            if holders.is_empty() {
+                inner.blocks.remove(b);
+            }
+            dropped += 1;
+        }
+        // Their queue entries are stale now: `trim` skips and compacts them.
+        if let Some(log) = inner.pods.get_mut(&pod) {
+            log.live = log.live.saturating_sub(dropped);
+        }
+    }
+
+    /// Learns from an engine's cache event: a GPU removal forgets the
+    /// pod's registrations of those blocks, a reset or a shutdown all of
+    /// the pod's. Stores change nothing (the index holds them now).
+    pub fn observe(&self, event: &CacheEvent) {
+        match event {
+            CacheEvent::Removed {
+                pod,
+                tier: Tier::Gpu,
+                blocks,
+            } => self.forget(*pod, blocks),
+            CacheEvent::Cleared { pod } | CacheEvent::PodShutdown { pod } => self.remove_pod(*pod),
+            _ => {}
+        }
+    }
+
+    /// Sets how many blocks `pod`'s registrations may hold (its engine's
+    /// KV capacity), keeping its TTL.
+    pub fn set_capacity(&self, pod: PodId, blocks: usize) {
+        let mut inner = self.inner.lock();
+        let log = inner.log(pod);
+        if log.memory.capacity_blocks != blocks.max(1) {
+            log.memory = Memory::new(log.memory.ttl_ms, blocks);
+        }
+    }
+
+    /// `pod`'s memory.
+    pub fn memory(&self, pod: PodId) -> Memory {
+        let mut inner = self.inner.lock();
+        inner.log(pod).memory
+    }
+
     /// Live registered blocks of `pod` (SMG's "tree size").
     pub fn pod_blocks(&self, pod: PodId) -> usize {
         self.inner.lock().pods.get(&pod).map_or(0, |l| l.live)
@@ -427,9 +497,58 @@ impl Plugin for Speculative {
         vec![CACHE_HITS.id()]
     }
     fn on_pick(&self, ctx: &Context, pod: &PodState) {
+        if pod.kv_blocks_total > 0 {
+            // A registration cannot outlive the pod's capacity.
+            self.table.set_capacity(
+                pod.id,
+                usize::try_from(pod.kv_blocks_total).unwrap_or(usize::MAX),
+            );
+        }
         if let Some(chain) = ctx.get(CHAIN) {
             self.table.insert(pod.id, chain, now_ms(ctx));
         }
+    }
+}
+
+/// An event sink that applies every event to `sink` (the index) and then
+/// tells a [`RoutedChains`] table what the engines evicted
+/// ([`RoutedChains::observe`]), so speculative registrations end when
+/// their blocks leave the engine, not on a timer.
+pub struct Evictions<S> {
+    sink: S,
+    table: Arc<RoutedChains>,
+}
+
+impl<S> Evictions<S> {
+    /// Feeds `sink`, and `table` with what `sink` accepted.
+    pub fn new(sink: S, table: Arc<RoutedChains>) -> Self {
+        Evictions { sink, table }
+    }
+}
+
+impl<S> fmt::Debug for Evictions<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Evictions")
+            .field("table", &self.table)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: CacheEventSink> CacheEventSink for Evictions<S> {
+    fn apply(&self, event: &CacheEvent) -> Result<(), router_core::Error> {
+        self.sink.apply(event)?;
+        self.table.observe(event);
+        Ok(())
+    }
+
+    fn apply_stored(
+        &self,
+        pod: PodId,
+        tier: Tier,
+        parent: Option<BlockHash>,
+        blocks: Vec<BlockHash>,
+    ) -> Result<(), router_core::Error> {
+        self.sink.apply_stored(pod, tier, parent, blocks)
     }
 }
 

@@ -4,9 +4,9 @@
 use std::sync::Arc;
 
 use proptest::prelude::*;
-use router_core::{BlockHash, PodDirectory, PodId, PodKey, Tier};
+use router_core::{BlockHash, CacheEvent, CacheEventSink, PodDirectory, PodId, PodKey, Tier};
 use router_index::{Index, IndexConfig};
-use router_policy::builtin::{Memory, RoutedChains};
+use router_policy::builtin::{Evictions, Memory, RoutedChains};
 use router_policy::keys::{CACHE_HITS, CHAIN, NOW_MS, PROMPT_TOKENS};
 use router_policy::{
     Context, Fleet, PEER_PROFILES, PodState, PodStateSink, Profile, Role, default_profile,
@@ -90,13 +90,109 @@ fn a_registration_expires_after_its_ttl() {
     let c = cluster(4);
     let profile = default_profile(c.index.clone(), BLOCK);
     let prefix: Vec<BlockHash> = (0..32).map(|i| BlockHash(9_000 + i)).collect();
+    let ttl = Memory::SPECULATIVE.ttl_ms;
     let (_, first) = route(&c, &profile, &sibling(&prefix, 0), 10_000);
     assert_eq!(first, 0, "nothing was cached yet");
-    let (_, soon) = route(&c, &profile, &sibling(&prefix, 1), 11_999);
+    let (_, soon) = route(&c, &profile, &sibling(&prefix, 1), 10_000 + ttl - 1);
     assert_eq!(soon, 32, "a sibling inside the TTL counts the prefix");
-    // Both registrations (10.000 s and 11.999 s) have expired by 14 s.
-    let (_, late) = route(&c, &profile, &sibling(&prefix, 2), 14_000);
+    // Both registrations have expired a TTL after the second.
+    let (_, late) = route(&c, &profile, &sibling(&prefix, 2), 10_000 + 2 * ttl);
     assert_eq!(late, 0, "expired registrations count for nothing");
+}
+
+#[test]
+fn a_registration_outlives_a_long_queue_wait() {
+    // Under KV-cache pressure a request can wait seconds in its engine's
+    // queue before its prefill stores anything: a sibling arriving 5 s
+    // later (past the peers' 2 s TTL) must still find it.
+    let c = cluster(4);
+    let profile = default_profile(c.index.clone(), BLOCK);
+    let prefix: Vec<BlockHash> = (0..32).map(|i| BlockHash(19_000 + i)).collect();
+    let (home, _) = route(&c, &profile, &sibling(&prefix, 0), 10_000);
+    let (pod, matched) = route(&c, &profile, &sibling(&prefix, 1), 15_000);
+    assert_eq!(matched, 32, "the queued request's prefix still counts");
+    assert_eq!(pod, home, "the sibling follows it");
+    // With the peers' 2 s TTL the same sibling counts nothing: the test
+    // can fail.
+    let short = Arc::new(RoutedChains::new(Memory::SHORT_TTL));
+    let c = cluster(4);
+    let profile = default_profile_with(c.index.clone(), BLOCK, short);
+    route(&c, &profile, &sibling(&prefix, 0), 10_000);
+    assert_eq!(route(&c, &profile, &sibling(&prefix, 1), 15_000).1, 0);
+}
+
+#[test]
+fn an_engine_eviction_ends_a_registration() {
+    let c = cluster(2);
+    let table = Arc::new(RoutedChains::new(Memory::SPECULATIVE));
+    let sink = Evictions::new(c.index.clone(), table.clone());
+    let chain: Vec<BlockHash> = (0..8).map(|i| BlockHash(29_000 + i)).collect();
+    let pod = c.ids[0];
+    table.insert(pod, &chain, 1_000);
+    let depth = |t: &RoutedChains| t.match_linear(&chain, 1_001, pod);
+    assert_eq!(depth(&table), 8);
+    // Stores and host-memory removals leave the registration alone.
+    sink.apply(&CacheEvent::Stored {
+        pod,
+        tier: Tier::Gpu,
+        blocks: chain.clone(),
+    })
+    .unwrap();
+    sink.apply(&CacheEvent::Removed {
+        pod,
+        tier: Tier::Cpu,
+        blocks: chain[4..].to_vec(),
+    })
+    .unwrap();
+    assert_eq!(depth(&table), 8);
+    // The engine evicts the tail from the GPU: the registration ends there,
+    // and the index agrees.
+    sink.apply(&CacheEvent::Removed {
+        pod,
+        tier: Tier::Gpu,
+        blocks: chain[5..].to_vec(),
+    })
+    .unwrap();
+    assert_eq!(depth(&table), 5);
+    assert_eq!(c.index.match_prefix(&chain).blocks_for(pod), 5);
+    // Another pod's registration of the same blocks is untouched.
+    table.insert(c.ids[1], &chain, 1_000);
+    sink.apply(&CacheEvent::Cleared { pod }).unwrap();
+    assert_eq!(depth(&table), 0);
+    assert_eq!(table.pod_blocks(pod), 0);
+    assert_eq!(table.match_linear(&chain, 1_001, c.ids[1]), 8);
+    // An event the index refuses (a pod that left) tells the table nothing.
+    let gone = c.ids[1];
+    c.index.shutdown(gone).unwrap();
+    let refused = sink.apply(&CacheEvent::Removed {
+        pod: gone,
+        tier: Tier::Gpu,
+        blocks: chain.clone(),
+    });
+    assert!(refused.is_err());
+    assert_eq!(table.match_linear(&chain, 1_001, gone), 8);
+}
+
+#[test]
+fn registrations_are_bounded_by_the_pods_capacity() {
+    // The default learns each pod's capacity from its state: a pod of 64
+    // blocks keeps only its 64 most recently routed blocks registered.
+    let c = cluster(1);
+    c.fleet.update(c.ids[0], &mut |s| s.kv_blocks_total = 64);
+    let table = Arc::new(RoutedChains::new(Memory::SPECULATIVE));
+    let profile = default_profile_with(c.index.clone(), BLOCK, table.clone());
+    let a: Vec<BlockHash> = (0..48).map(|i| BlockHash(39_000 + i)).collect();
+    let b: Vec<BlockHash> = (0..48).map(|i| BlockHash(49_000 + i)).collect();
+    route(&c, &profile, &a, 1_000);
+    assert_eq!(table.memory(c.ids[0]).capacity_blocks, 64);
+    route(&c, &profile, &b, 1_001);
+    assert_eq!(table.pod_blocks(c.ids[0]), 64);
+    assert_eq!(table.match_linear(&b, 1_002, c.ids[0]), 48);
+    assert_eq!(
+        table.match_linear(&a, 1_002, c.ids[0]),
+        0,
+        "the oldest routed chain left first"
+    );
 }
 
 #[test]
@@ -172,7 +268,7 @@ proptest! {
     #[test]
     fn routed_chains_match_their_oracle(
         inserts in proptest::collection::vec(
-            (0u16..4, 0u64..6, 1usize..12, 0u64..50), 1..40),
+            (0u16..4, 0u64..6, 1usize..12, 0u64..50, any::<bool>()), 1..40),
         query_root in 0u64..6,
         query_len in 1usize..14,
         now in 0u64..80,
@@ -182,10 +278,18 @@ proptest! {
             (0..len as u64).map(|i| BlockHash(root * 1000 + i)).collect()
         };
         let mut t = 0;
-        for (pod, root, len, dt) in inserts {
+        for (pod, root, len, dt, evict) in inserts {
             t += dt;
-            table.insert(PodId::new(pod, 0), &chain_of(root, len), t);
-            prop_assert!(table.pod_blocks(PodId::new(pod, 0)) <= 40);
+            let id = PodId::new(pod, 0);
+            if evict {
+                // The engine evicted a chain's tail from `len` on.
+                let tail = chain_of(root, 12);
+                table.forget(id, &tail[len..]);
+                prop_assert!(table.match_linear(&tail, t, id) <= len as u32);
+            } else {
+                table.insert(id, &chain_of(root, len), t);
+            }
+            prop_assert!(table.pod_blocks(id) <= 40);
         }
         let query = chain_of(query_root, query_len);
         let at = t.saturating_sub(40) + now;

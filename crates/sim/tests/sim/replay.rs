@@ -258,3 +258,56 @@ fn router_replicas_sharing_load_keep_one_routers_hits_and_latency() {
         smg_one.block_hit_rate
     );
 }
+
+#[test]
+fn a_prompt_longer_than_a_pods_cache_is_refused_and_blocks_nothing() {
+    // One pod of 8 blocks: a 12-block prompt can never be admitted. It is
+    // refused at once (as vLLM refuses a prompt its KV cache cannot hold),
+    // and the requests after it on the same pod are served.
+    let trace = vec![
+        req(0.0, &[1, 2]),
+        req(1.0, &(100..112).collect::<Vec<_>>()),
+        req(2.0, &[1, 2, 3]),
+        req(3.0, &[1, 2, 4]),
+    ];
+    let mut cfg = ClusterConfig::default();
+    cfg.pods = 1;
+    cfg.gpu_blocks = 8;
+    for request_order in [false, true] {
+        cfg.request_order = request_order;
+        for name in ["round-robin", "cache-aware"] {
+            let p = policies::builtin(name).unwrap();
+            let r = Simulation::new(&trace, &cfg, &p).run(name, |_| {});
+            assert_eq!(r.rejected, 1, "{name}");
+            assert_eq!(r.unfinished, 0, "{name}: a request was left waiting");
+            assert_eq!(r.ttft_sorted_ms.len(), 3, "{name}");
+            // The two siblings hit the first request's two blocks.
+            assert_eq!(r.block_hit_rate, 4.0 / 20.0, "{name}");
+        }
+    }
+}
+
+#[test]
+fn every_request_finishes_and_the_default_predicts_its_hits_under_pressure() {
+    // Starved caches (a Mooncake-like trace on pods of 64 blocks): nothing
+    // waits forever, and the default's predicted hit is the engine's on
+    // almost every request (events arrive 5 ms late, so not always).
+    let trace = mooncake(600);
+    let mut cfg = ClusterConfig::default();
+    cfg.pods = 4;
+    cfg.gpu_blocks = 64;
+    for name in policies::NAMES {
+        let p = policies::builtin(name).unwrap();
+        let r = Simulation::new(&trace, &cfg, &p).run(name, |_| {});
+        assert_eq!(r.unfinished, 0, "{name}");
+        assert_eq!(r.rejected + r.ttft_sorted_ms.len(), trace.len(), "{name}");
+    }
+    let p = policies::builtin("cache-aware").unwrap();
+    let r = Simulation::new(&trace, &cfg, &p).run("cache-aware", |_| {});
+    assert!(
+        r.predicted_exact >= 0.97,
+        "exact on {:.3}",
+        r.predicted_exact
+    );
+    assert!(r.block_hit_rate > 0.0);
+}

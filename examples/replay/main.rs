@@ -15,6 +15,8 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use clap::Parser;
+
+mod sweep;
 use indicatif::{ProgressBar, ProgressStyle};
 use router_sim::{
     ClusterConfig, CostModel, Report, Request, Simulation, SyntheticParams, bounds, parse_mooncake,
@@ -23,7 +25,7 @@ use router_sim::{
 
 #[derive(Parser, Debug)]
 #[command(about = "Replay a trace through a simulated cluster under each routing policy")]
-struct Args {
+pub(crate) struct Args {
     /// Mooncake-format trace (JSON lines); `synthetic` generates one instead.
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/assets/traces/synthetic_trace.jsonl"))]
     trace: String,
@@ -65,6 +67,12 @@ struct Args {
     /// to reach the others, ms (negative: never shared).
     #[arg(long, default_value_t = 2.0, allow_negative_numbers = true)]
     share_delay_ms: f64,
+    /// Run every policy at each of these GPU capacities (blocks per pod,
+    /// comma separated; e.g. `256,512,1024,2048,4096`) and chart pooled
+    /// share and TTFT against capacity (`sweep.csv`, `sweep.svg`) instead
+    /// of one capacity's table.
+    #[arg(long, value_delimiter = ',')]
+    capacity_sweep: Vec<usize>,
     /// Seed of the synthetic trace.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -129,6 +137,9 @@ fn run(args: &Args) -> Result<(), String> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
         list.extend(policies::from_config(&text).map_err(|e| format!("{}: {e}", path.display()))?);
+    }
+    if !args.capacity_sweep.is_empty() {
+        return sweep::run(args, &trace, &cfg, &list);
     }
     let (pooled, infinite) = bounds(&trace, &cfg);
     println!(
@@ -264,6 +275,15 @@ fn print_table(reports: &[Report]) {
             collapsed.join(", ")
         );
     }
+    if let Some(r) = reports.iter().find(|r| r.rejected > 0) {
+        println!(
+            "{} requests refused by every pod (longer than a pod's whole GPU cache), in no latency",
+            r.rejected
+        );
+    }
+    for r in reports.iter().filter(|r| r.unfinished > 0) {
+        println!("! {}: {} requests never finished", r.policy, r.unfinished);
+    }
 }
 
 fn csv(reports: &[Report]) -> String {
@@ -294,7 +314,7 @@ fn csv(reports: &[Report]) -> String {
     s
 }
 
-const COLORS: [&str; 8] = [
+pub(crate) const COLORS: [&str; 8] = [
     "#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#9c755f",
 ];
 
