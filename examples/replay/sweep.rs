@@ -9,6 +9,9 @@ use router_sim::{ClusterConfig, Report, Request, Simulation, bounds};
 
 use super::{Args, COLORS};
 
+/// Maps a report to its height in a panel, 0 (bottom) to 1 (top).
+type Axis<'a> = dyn Fn(&Report) -> f64 + 'a;
+
 /// One policy at one capacity.
 struct Point {
     capacity: usize,
@@ -23,7 +26,7 @@ pub(super) fn run(
     list: &[router_sim::Policy],
 ) -> Result<(), String> {
     let caps = &args.capacity_sweep;
-    if caps.iter().any(|&c| c == 0) {
+    if caps.contains(&0) {
         return Err("--capacity-sweep capacities must be positive".into());
     }
     println!(
@@ -170,7 +173,7 @@ fn svg(caps: &[usize], list: &[router_sim::Policy], points: &[Point]) -> String 
         p99.iter().copied().fold(1.0, f64::max).log10().ceil(),
     );
     let span_t = (hi_t - lo_t).max(1.0);
-    let panels: [(&str, f64, Box<dyn Fn(&Report) -> f64>); 2] = [
+    let panels: [(&str, f64, Box<Axis>); 2] = [
         (
             "Share of the pooled-cache bound vs capacity",
             60.0,

@@ -68,8 +68,8 @@ pub use pod::{Fleet, FleetWatcher, Outcome, PodState, PodStateSink, Role};
 pub use profile::{Decision, Profile, ProfileBuilder};
 
 /// The default cache-aware profile: query the index once, count what the
-/// router itself routed in the last 2 s as cached too (speculative
-/// registration), drop unhealthy pods, and pick the pod with the lowest
+/// router itself routed there as cached too until the engine reports it
+/// evicted (speculative registration, [`builtin::Memory::SPECULATIVE`]), drop unhealthy pods, and pick the pod with the lowest
 /// predicted time to first token plus the prefill work it adds
 /// ([`builtin::PredictedTtft`]), ties broken fairly. The caller sets
 /// [`keys::CHAIN`] and [`keys::PROMPT_TOKENS`] (and [`keys::NOW_MS`] when
@@ -160,7 +160,7 @@ pub fn default_profiles_toml(block_size: u64, filters: &str) -> String {
     format!(
         r#"[profiles.cache-aware]
 inputs = ["chain", "prompt_tokens"]
-prepare = [{{ type = "prefix-match" }}, {{ type = "speculative", ttl_ms = 2000 }}]
+prepare = [{{ type = "prefix-match" }}, {{ type = "speculative", ttl_ms = 60000 }}]
 filters = [{filters}]
 scorers = [{{ type = "predicted-ttft", weight = 1.0, block_size = {block_size} }}]
 picker = {{ type = "max-score" }}
@@ -192,7 +192,7 @@ picker = {{ type = "max-score" }}
 /// start from; [`default_profiles_toml`] adds the peer profiles.
 pub const DEFAULT_PROFILE_TOML: &str = r#"[profiles.cache-aware]
 inputs = ["chain", "prompt_tokens"]
-prepare = [{ type = "prefix-match" }, { type = "speculative", ttl_ms = 2000 }]
+prepare = [{ type = "prefix-match" }, { type = "speculative", ttl_ms = 60000 }]
 filters = [{ type = "health" }]
 scorers = [{ type = "predicted-ttft", weight = 1.0, block_size = 16 }]
 picker = { type = "max-score" }

@@ -198,7 +198,8 @@ impl Inner {
 ///
 /// Two uses: **speculative registration** (a routed chain counts as cached
 /// on its pod at once, so siblings arriving before the engine's events
-/// follow it; 2 s TTL, then the real events have taken over), and the
+/// follow it; until the engine reports the blocks evicted, the pod's capacity
+/// pushes them out, or 60 s pass), and the
 /// **approximate mode** of pods that publish no events (a long TTL and a
 /// capacity like the engine's cache: what SMG's radix tree and vLLM's
 /// router do without events).
