@@ -304,8 +304,10 @@ impl RoutedChains {
         }
         let log = inner.log(pod);
         log.live += added;
+        // Deepest first, as vLLM frees a finished request's blocks: past
+        // capacity a chain loses its tail before its head, as in the engine.
         log.order
-            .extend(chain[..keep].iter().map(|&b| (expiry, insertion, b)));
+            .extend(chain[..keep].iter().rev().map(|&b| (expiry, insertion, b)));
         inner.trim(pod, now);
         // Pods not routed to for a while expire too: a few per insertion,
         // in turn, keeps the sweep's cost flat in the number of pods.

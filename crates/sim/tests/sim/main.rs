@@ -2,4 +2,5 @@
 
 mod cache;
 mod replay;
+mod residency;
 mod trace;
