@@ -40,6 +40,7 @@
 mod decode;
 mod error;
 mod ingest;
+mod metrics;
 mod msgpack;
 mod sequence;
 mod subscriber;
@@ -47,6 +48,7 @@ mod subscriber;
 pub use decode::{BlockRemoved, BlockStored, EngineEvent, EventBatch, decode_batch};
 pub use error::DecodeError;
 pub use ingest::{IngestStats, Ingestor, KnownBlock, tier_of};
+pub use metrics::{EngineMetrics, MetricsError, parse_engine_metrics};
 pub use sequence::{Sequencer, Verdict};
 pub use subscriber::{
     BatchSink, ClearHook, ClearReason, PodHealth, PodStream, StreamStats, Subscriber, live_frame,

@@ -281,6 +281,26 @@ struct Engine {
     events: mpsc::UnboundedSender<Vec<WireEvent>>,
     next_id: AtomicU64,
     active: Arc<AtomicUsize>,
+    /// Requests not yet prefilling (waiting for cache room or the lane).
+    waiting: AtomicUsize,
+    /// Requests prefilling or decoding.
+    running: AtomicUsize,
+}
+
+/// One request counted in a gauge while it lives.
+struct Counted<'a>(&'a AtomicUsize);
+
+impl<'a> Counted<'a> {
+    fn new(gauge: &'a AtomicUsize) -> Self {
+        gauge.fetch_add(1, Ordering::SeqCst);
+        Counted(gauge)
+    }
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 type Tasks = Vec<tokio::task::JoinHandle<()>>;
@@ -324,6 +344,8 @@ async fn run(
         events: tx,
         next_id: AtomicU64::new(0),
         active,
+        waiting: AtomicUsize::new(0),
+        running: AtomicUsize::new(0),
         seed,
         cfg,
     });
@@ -332,6 +354,7 @@ async fn run(
         .route("/v1/chat/completions", post(chat))
         .route("/v1/models", get(models))
         .route("/health", get(|| async { "" }))
+        .route("/metrics", get(metrics))
         .layer(axum::extract::DefaultBodyLimit::max(ENGINE_MAX_BODY))
         .with_state(engine.clone());
     let tasks = vec![
@@ -437,16 +460,67 @@ async fn models(State(e): State<Arc<Engine>>) -> Response {
     .into_response()
 }
 
+/// What vLLM's `/metrics` reports about the scheduler and the KV cache,
+/// under its names (v1): the series a router reads.
+async fn metrics(State(e): State<Arc<Engine>>) -> Response {
+    let pinned = e.cache.lock().pinned();
+    let usage = pinned as f64 / e.cfg.gpu_blocks.max(1) as f64;
+    let labels = format!(
+        "engine=\"0\",model_name=\"{}\"",
+        e.cfg.model.replace(['"', '\\'], "_")
+    );
+    let text = format!(
+        "# HELP vllm:num_requests_running Number of requests in model execution batches.\n\
+         # TYPE vllm:num_requests_running gauge\n\
+         vllm:num_requests_running{{{labels}}} {}.0\n\
+         # HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n\
+         # TYPE vllm:num_requests_waiting gauge\n\
+         vllm:num_requests_waiting{{{labels}}} {}.0\n\
+         # HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n\
+         # TYPE vllm:kv_cache_usage_perc gauge\n\
+         vllm:kv_cache_usage_perc{{{labels}}} {usage}\n\
+         # HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n\
+         # TYPE vllm:cache_config_info gauge\n\
+         vllm:cache_config_info{{block_size=\"{}\",enable_prefix_caching=\"True\",engine=\"0\",num_cpu_blocks=\"None\",num_gpu_blocks=\"{}\"}} 1.0\n",
+        e.running.load(Ordering::SeqCst),
+        e.waiting.load(Ordering::SeqCst),
+        e.cfg.block_size,
+        e.cfg.gpu_blocks,
+    );
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
 /// A request's pinned blocks, unpinned however the request ends.
 struct Lease {
     engine: Arc<Engine>,
     blocks: Vec<u64>,
+    /// Counted in the engine's running requests (its prefill started).
+    running: bool,
+}
+
+impl Lease {
+    fn start_running(&mut self) {
+        if !self.running {
+            self.running = true;
+            self.engine.running.fetch_add(1, Ordering::SeqCst);
+        }
+    }
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
         self.engine.cache.lock().release(&self.blocks);
         self.engine.active.fetch_sub(1, Ordering::SeqCst);
+        if self.running {
+            self.engine.running.fetch_sub(1, Ordering::SeqCst);
+        }
     }
 }
 
@@ -560,6 +634,7 @@ impl Engine {
             .unwrap_or(u64::from(self.cfg.default_max_tokens))
             .clamp(1, 4096) as u32;
         let blocks = self.block_hashes(&tokens);
+        let waiting = Counted::new(&self.waiting);
         // Admission: wait while running requests pin the whole GPU.
         let give_up = Instant::now() + Duration::from_secs(30);
         let admission = loop {
@@ -577,9 +652,10 @@ impl Engine {
             tokio::time::sleep(Duration::from_millis(5)).await;
         };
         self.active.fetch_add(1, Ordering::SeqCst);
-        let lease = Lease {
+        let mut lease = Lease {
             engine: self.clone(),
             blocks: blocks.clone(),
+            running: false,
         };
         self.announce(&blocks, &tokens); // evictions made room
         let cached = ((admission.gpu_hits + admission.cpu_hits) * bs).min(tokens.len());
@@ -597,18 +673,23 @@ impl Engine {
         let (remote_decode, remote_prefill) =
             (transfer("do_remote_decode"), transfer("do_remote_prefill"));
         if remote_prefill {
+            drop(waiting);
+            lease.start_running();
             let pulled = admission.computed.len() as f64;
             tokio::time::sleep(self.scaled(c.cpu_load_ms * pulled)).await;
         } else {
             let prefill_ms = c.overhead_ms
                 + c.per_token_us * new / 1e3
                 + c.attention_ns * new * (cached as f64 + new / 2.0) / 1e6;
-            let done = {
+            let (start, done) = {
                 let mut lane = self.lane.lock();
                 let start = (*lane).max(Instant::now());
                 *lane = start + self.scaled(prefill_ms);
-                *lane
+                (start, *lane)
             };
+            tokio::time::sleep_until(start).await;
+            drop(waiting);
+            lease.start_running();
             tokio::time::sleep_until(done).await;
         }
         self.cache.lock().computed(&admission.computed);

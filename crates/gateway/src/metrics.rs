@@ -8,8 +8,8 @@
 use std::time::Duration;
 
 use prometheus::{
-    Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
+    IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 use router_core::PodId;
 use router_exec::{Error as ExecError, Observer, StepKind};
@@ -79,6 +79,11 @@ pub struct Metrics {
     pub(crate) pod_queued_prefill_tokens: IntGaugeVec,
     pub(crate) pod_healthy: IntGaugeVec,
     pub(crate) pod_breaker_open: IntGaugeVec,
+    pub(crate) pod_kv_blocks_total: IntGaugeVec,
+    pub(crate) pod_engine_waiting: IntGaugeVec,
+    pub(crate) pod_engine_running: IntGaugeVec,
+    pub(crate) pod_engine_kv_usage: GaugeVec,
+    pub(crate) engine_metrics_errors: IntCounter,
     pub(crate) index_blocks: IntGauge,
     pub(crate) index_bytes: IntGauge,
 }
@@ -265,6 +270,43 @@ impl Metrics {
                 "Event batches recovered through replay.",
             )
             .expect("valid"),
+            pod_kv_blocks_total: IntGaugeVec::new(
+                Opts::new(
+                    "cache_router_pod_kv_blocks_total",
+                    "KV blocks of the pod's engine, from its /metrics (0: not reported).",
+                ),
+                &["pod"],
+            )
+            .expect("valid"),
+            pod_engine_waiting: IntGaugeVec::new(
+                Opts::new(
+                    "cache_router_pod_engine_waiting",
+                    "Requests waiting in the pod's engine, from its /metrics.",
+                ),
+                &["pod"],
+            )
+            .expect("valid"),
+            pod_engine_running: IntGaugeVec::new(
+                Opts::new(
+                    "cache_router_pod_engine_running",
+                    "Requests running in the pod's engine, from its /metrics.",
+                ),
+                &["pod"],
+            )
+            .expect("valid"),
+            pod_engine_kv_usage: GaugeVec::new(
+                Opts::new(
+                    "cache_router_pod_engine_kv_usage",
+                    "KV-cache usage the pod's engine reports, 0 to 1.",
+                ),
+                &["pod"],
+            )
+            .expect("valid"),
+            engine_metrics_errors: IntCounter::new(
+                "cache_router_engine_metrics_errors_total",
+                "Engine /metrics answers that could not be read (logged once per pod until one reads).",
+            )
+            .expect("valid"),
             pod_in_flight: IntGaugeVec::new(
                 Opts::new("cache_router_pod_in_flight", "Requests in flight per pod."),
                 &["pod"],
@@ -303,7 +345,7 @@ impl Metrics {
                 .expect("valid"),
         };
         let r = &m.registry;
-        let all: [Box<dyn prometheus::core::Collector>; 34] = [
+        let all: [Box<dyn prometheus::core::Collector>; 39] = [
             Box::new(m.requests.clone()),
             Box::new(m.errors.clone()),
             Box::new(m.decision_seconds.clone()),
@@ -336,6 +378,11 @@ impl Metrics {
             Box::new(m.pod_queued_prefill_tokens.clone()),
             Box::new(m.pod_healthy.clone()),
             Box::new(m.pod_breaker_open.clone()),
+            Box::new(m.pod_kv_blocks_total.clone()),
+            Box::new(m.pod_engine_waiting.clone()),
+            Box::new(m.pod_engine_running.clone()),
+            Box::new(m.pod_engine_kv_usage.clone()),
+            Box::new(m.engine_metrics_errors.clone()),
             Box::new(m.index_blocks.clone()),
             Box::new(m.index_bytes.clone()),
         ];

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use router_core::{PodDirectory, PodId, PodKey};
-use router_events::{IngestStats, PodStream, Subscriber};
+use router_events::{EngineMetrics, IngestStats, MetricsError, PodStream, Subscriber};
 use router_index::Index;
 use router_policy::builtin::{Memory, RoutedChains};
 use router_policy::{Fleet, PodState, PodStateSink};
@@ -56,6 +56,11 @@ struct Entry {
     out: bool,
     /// Whether it answered its last probe (`false` before the first).
     answered: bool,
+    /// What its engine last reported on `/metrics` (`None`: nothing read).
+    engine: Option<EngineMetrics>,
+    /// Whether a failure to read its `/metrics` was logged (once until a
+    /// read succeeds).
+    metrics_error_logged: bool,
 }
 
 /// The pod set.
@@ -78,6 +83,8 @@ pub(crate) struct Pods {
     /// Whether a whole probe round has ended (until then `/health` says
     /// "starting": a pod's health is not known before it is probed).
     probed_once: std::sync::atomic::AtomicBool,
+    /// Engine `/metrics` answers that could not be read.
+    pub(crate) metrics_errors: std::sync::atomic::AtomicU64,
 }
 
 fn key_of(c: &PodConfig) -> PodKey {
@@ -111,6 +118,7 @@ impl Pods {
     ) -> Self {
         Pods {
             probed_once: std::sync::atomic::AtomicBool::new(false),
+            metrics_errors: std::sync::atomic::AtomicU64::new(0),
             replica,
             routed,
             approx,
@@ -194,6 +202,8 @@ impl Pods {
                 unhealthy_since: None,
                 out: false,
                 answered: false,
+                engine: None,
+                metrics_error_logged: false,
             },
         );
         Ok(id)
@@ -369,6 +379,64 @@ impl Pods {
     }
 
     /// (name, url) of every pod, for the prober.
+    /// Records what `name`'s engine reported on `/metrics` (`Ok(None)`: it
+    /// serves none). Its KV capacity, in the gateway's blocks of
+    /// `block_size` tokens, becomes the pod's `kv_blocks_total`: what
+    /// bounds its speculative registrations (the capacity model). A text
+    /// that cannot be read is counted and logged once, and the last good
+    /// report stands.
+    pub(crate) fn scraped(
+        &self,
+        name: &str,
+        report: Result<Option<EngineMetrics>, MetricsError>,
+        block_size: u64,
+    ) {
+        let mut entries = self.entries.lock();
+        let Some(e) = entries.get_mut(name) else {
+            return;
+        };
+        let m = match report {
+            Ok(Some(m)) => m,
+            Ok(None) => return,
+            Err(err) => {
+                self.metrics_errors
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if !e.metrics_error_logged {
+                    e.metrics_error_logged = true;
+                    eprintln!("router-gateway: pod {name}: its /metrics were not read: {err}");
+                }
+                return;
+            }
+        };
+        e.metrics_error_logged = false;
+        // The engine's blocks in the gateway's: a pod configured with
+        // another block size still reports its capacity in tokens rightly.
+        let engine_bs = m.block_size.unwrap_or(block_size).max(1);
+        if let Some(blocks) = m.capacity_blocks(engine_bs) {
+            let ours = u128::from(blocks) * u128::from(engine_bs) / u128::from(block_size.max(1));
+            let ours = u64::try_from(ours).unwrap_or(u64::MAX);
+            if self
+                .fleet
+                .get(e.id)
+                .is_some_and(|s| s.kv_blocks_total != ours)
+            {
+                self.fleet.update(e.id, &mut |s| s.kv_blocks_total = ours);
+                self.routed
+                    .set_capacity(e.id, usize::try_from(ours).unwrap_or(usize::MAX));
+            }
+        }
+        e.engine = Some(m);
+    }
+
+    /// What each pod's engine last reported on `/metrics`, by name.
+    pub(crate) fn engine_reports(&self) -> Vec<(String, EngineMetrics)> {
+        self.entries
+            .lock()
+            .iter()
+            .filter_map(|(n, e)| Some((n.clone(), e.engine.clone()?)))
+            .collect()
+    }
+
     pub(crate) fn probe_targets(&self) -> Vec<(String, String)> {
         self.entries
             .lock()
@@ -378,13 +446,55 @@ impl Pods {
     }
 }
 
-/// Probes every pod's `GET /health` each `interval` until dropped.
+/// The most of an engine's `/metrics` answer read (vLLM's is tens of KiB).
+const MAX_METRICS_BYTES: usize = 4 << 20;
+
+/// Reads `url`'s `/metrics`: `Ok(None)` when it serves none (any answer but
+/// 200, or no answer in time), the parsed report, or why its text was refused.
+async fn scrape(
+    client: &reqwest::Client,
+    url: &str,
+    timeout: Duration,
+) -> Result<Option<EngineMetrics>, MetricsError> {
+    let fetch = async {
+        let mut r = client
+            .get(format!("{}/metrics", url.trim_end_matches('/')))
+            .send()
+            .await
+            .ok()?;
+        if r.status() != reqwest::StatusCode::OK {
+            return None;
+        }
+        let mut body = Vec::new();
+        while let Some(chunk) = r.chunk().await.ok()? {
+            if body.len() + chunk.len() > MAX_METRICS_BYTES {
+                return Some(Err(MetricsError::TooLarge {
+                    limit: MAX_METRICS_BYTES,
+                }));
+            }
+            body.extend_from_slice(&chunk);
+        }
+        Some(Ok(body))
+    };
+    match tokio::time::timeout(timeout, fetch).await {
+        Ok(Some(Ok(body))) => {
+            router_events::parse_engine_metrics(&String::from_utf8_lossy(&body)).map(Some)
+        }
+        Ok(Some(Err(e))) => Err(e),
+        _ => Ok(None),
+    }
+}
+
+/// Probes every pod's `GET /health` each `interval` until dropped, and
+/// reads the `/metrics` of those that answer (their engine's capacity and
+/// queue, in `block_size`-token blocks).
 pub(crate) async fn probe_loop(
     pods: Arc<Pods>,
     client: reqwest::Client,
     interval: Duration,
     unhealthy_after: u32,
     grace: Duration,
+    block_size: u64,
 ) {
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -400,11 +510,19 @@ pub(crate) async fn probe_loop(
                     .send()
                     .await
                     .is_ok_and(|r| r.status().is_success());
-                (name, ok)
+                let report = if ok {
+                    Some(scrape(&client, &url, interval.max(Duration::from_millis(100))).await)
+                } else {
+                    None
+                };
+                (name, ok, report)
             }
         });
-        for (name, ok) in futures::future::join_all(probes).await {
+        for (name, ok, report) in futures::future::join_all(probes).await {
             pods.probed(&name, ok, unhealthy_after, grace);
+            if let Some(report) = report {
+                pods.scraped(&name, report, block_size);
+            }
         }
         pods.probed_once
             .store(true, std::sync::atomic::Ordering::Release);

@@ -455,6 +455,7 @@ impl Gateway {
                 Duration::from_millis(g.health_interval_ms.max(10)),
                 g.unhealthy_after.max(1),
                 Duration::from_millis(g.unhealthy_grace_ms),
+                u64::from(g.block_size),
             )),
         ];
         // ZeroMQ's slow joiner: a PUB drops what it sends before the SUB's
@@ -629,6 +630,29 @@ async fn metrics(State(s): State<Arc<AppState>>) -> Response {
     m.pod_healthy.reset();
     m.pod_breaker_open.reset();
     m.pod_blocks.reset();
+    m.pod_kv_blocks_total.reset();
+    m.pod_engine_waiting.reset();
+    m.pod_engine_running.reset();
+    m.pod_engine_kv_usage.reset();
+    raise(
+        &m.engine_metrics_errors,
+        s.pods
+            .metrics_errors
+            .load(std::sync::atomic::Ordering::Relaxed),
+    );
+    for (name, e) in s.pods.engine_reports() {
+        let n = [name.as_str()];
+        let count = |v: Option<u64>| v.map_or(0, |v| v.min(i64::MAX as u64) as i64);
+        m.pod_engine_waiting
+            .with_label_values(&n)
+            .set(count(e.waiting));
+        m.pod_engine_running
+            .with_label_values(&n)
+            .set(count(e.running));
+        m.pod_engine_kv_usage
+            .with_label_values(&n)
+            .set(e.kv_usage.unwrap_or(0.0));
+    }
     for (name, id, healthy) in s.pods.ids() {
         let st = s.pods.fleet.get(id);
         let gauge = |g: &prometheus::IntGaugeVec, v: i64| g.with_label_values(&[&name]).set(v);
@@ -642,6 +666,11 @@ async fn metrics(State(s): State<Arc<AppState>>) -> Response {
                 .map_or(0, |p| p.queued_prefill_tokens.min(i64::MAX as u64) as i64),
         );
         gauge(&m.pod_healthy, i64::from(healthy));
+        gauge(
+            &m.pod_kv_blocks_total,
+            st.as_ref()
+                .map_or(0, |p| p.kv_blocks_total.min(i64::MAX as u64) as i64),
+        );
         gauge(
             &m.pod_blocks,
             s.pods

@@ -3,6 +3,7 @@
 
 mod decode;
 mod ingest;
+mod metrics;
 mod zmq;
 
 /// Bytes from a spec of hex tokens and `"text"` tokens, space separated

@@ -3,6 +3,7 @@
 
 mod bad_input;
 mod config;
+mod engine_metrics;
 mod lifecycle;
 mod replicas;
 mod routing;
