@@ -177,6 +177,7 @@ impl Default for CostParams {
 struct SpeculativeParams {
     ttl_ms: u64,
     capacity_blocks: usize,
+    block_size: u64,
 }
 
 impl Default for SpeculativeParams {
@@ -184,6 +185,7 @@ impl Default for SpeculativeParams {
         SpeculativeParams {
             ttl_ms: Memory::SPECULATIVE.ttl_ms,
             capacity_blocks: Memory::SPECULATIVE.capacity_blocks,
+            block_size: 16,
         }
     }
 }
@@ -314,8 +316,8 @@ impl Registry {
         });
         r.register("speculative", |p, env| {
             let s: SpeculativeParams = p.parse()?;
-            if s.ttl_ms == 0 || s.capacity_blocks == 0 {
-                return Err("`ttl_ms` and `capacity_blocks` must be positive".into());
+            if s.ttl_ms == 0 || s.capacity_blocks == 0 || s.block_size == 0 {
+                return Err("`ttl_ms`, `capacity_blocks` and `block_size` must be positive".into());
             }
             let memory = Memory::new(s.ttl_ms, s.capacity_blocks);
             let table = match &env.routed {
@@ -325,7 +327,10 @@ impl Registry {
                 }
                 None => Arc::new(RoutedChains::new(memory)),
             };
-            Ok(Built::Prepare(Box::new(Speculative::new(table))))
+            Ok(Built::Prepare(Box::new(Speculative::with_block_size(
+                table,
+                s.block_size,
+            ))))
         });
         r.register("smg-cache-aware", |p, _| {
             let c: SmgConfig = p.parse()?;

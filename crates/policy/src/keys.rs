@@ -70,6 +70,22 @@ impl CacheHits {
         self.best = self.best.max(entry.1);
     }
 
+    /// Lowers `pod`'s matched blocks to at most `blocks`: what a model of
+    /// the pod's cache says will be left of them when the request runs.
+    pub fn lower(&mut self, pod: PodId, blocks: u32) {
+        let Some(entry) = self.by_slot.get_mut(pod.slot() as usize) else {
+            return;
+        };
+        if entry.0 != pod.epoch() || entry.1 <= blocks {
+            return;
+        }
+        let was = entry.1;
+        entry.1 = blocks;
+        if was == self.best {
+            self.best = self.by_slot.iter().map(|e| e.1).max().unwrap_or(0);
+        }
+    }
+
     /// Blocks of the chain `pod` holds (0 if none).
     #[inline]
     pub fn blocks(&self, pod: PodId) -> u32 {

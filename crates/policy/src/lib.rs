@@ -94,7 +94,7 @@ pub fn default_profile_with(
         .input(keys::CHAIN.id())
         .input(keys::PROMPT_TOKENS.id())
         .prepare(builtin::PrefixMatchPrepare::new(index.clone()))
-        .prepare(builtin::Speculative::new(routed))
+        .prepare(builtin::Speculative::with_block_size(routed, block_size))
         .filter(builtin::HealthFilter)
         .scorer(
             builtin::PredictedTtft::new(
@@ -160,7 +160,7 @@ pub fn default_profiles_toml(block_size: u64, filters: &str) -> String {
     format!(
         r#"[profiles.cache-aware]
 inputs = ["chain", "prompt_tokens"]
-prepare = [{{ type = "prefix-match" }}, {{ type = "speculative", ttl_ms = 60000 }}]
+prepare = [{{ type = "prefix-match" }}, {{ type = "speculative", ttl_ms = 60000, block_size = {block_size} }}]
 filters = [{filters}]
 scorers = [{{ type = "predicted-ttft", weight = 1.0, block_size = {block_size} }}]
 picker = {{ type = "max-score" }}
@@ -192,7 +192,7 @@ picker = {{ type = "max-score" }}
 /// start from; [`default_profiles_toml`] adds the peer profiles.
 pub const DEFAULT_PROFILE_TOML: &str = r#"[profiles.cache-aware]
 inputs = ["chain", "prompt_tokens"]
-prepare = [{ type = "prefix-match" }, { type = "speculative", ttl_ms = 60000 }]
+prepare = [{ type = "prefix-match" }, { type = "speculative", ttl_ms = 60000, block_size = 16 }]
 filters = [{ type = "health" }]
 scorers = [{ type = "predicted-ttft", weight = 1.0, block_size = 16 }]
 picker = { type = "max-score" }

@@ -88,6 +88,13 @@ struct PodLog {
     /// insertion no longer matches the block's holder record are stale
     /// (the block was routed again since) and skipped.
     order: VecDeque<(u64, u64, BlockHash)>,
+    /// Blocks the capacity model pushed out (the engine will have evicted
+    /// them by the time a request now routed here runs), with the push
+    /// that recorded each; a block routed here again leaves it.
+    evicted: FastMap<BlockHash, u64>,
+    /// `evicted`'s pushes, oldest first (bounds it to the pod's capacity).
+    evicted_order: VecDeque<(u64, BlockHash)>,
+    pushes: u64,
 }
 
 impl PodLog {
@@ -96,6 +103,28 @@ impl PodLog {
             memory,
             live: 0,
             order: VecDeque::new(),
+            evicted: FastMap::default(),
+            evicted_order: VecDeque::new(),
+            pushes: 0,
+        }
+    }
+
+    /// Records `block` as pushed out by the capacity model.
+    fn push_out(&mut self, block: BlockHash) {
+        self.pushes += 1;
+        self.evicted.insert(block, self.pushes);
+        self.evicted_order.push_back((self.pushes, block));
+        while self.evicted_order.len() > self.memory.capacity_blocks {
+            if let Some((push, b)) = self.evicted_order.pop_front()
+                && self.evicted.get(&b) == Some(&push)
+            {
+                self.evicted.remove(&b);
+            }
+        }
+        if self.evicted_order.len() > 2 * self.evicted.len() + 1024 {
+            let evicted = &self.evicted;
+            self.evicted_order
+                .retain(|(push, b)| evicted.get(b) == Some(push));
         }
     }
 }
@@ -168,13 +197,17 @@ impl Inner {
             let Some(&(expiry, insertion, block)) = log.order.front() else {
                 return;
             };
-            if expiry > now && log.live <= log.memory.capacity_blocks {
+            let expired = expiry <= now;
+            if !expired && log.live <= log.memory.capacity_blocks {
                 break;
             }
             log.order.pop_front();
-            if self.drop_holder(block, pod, insertion) {
-                if let Some(log) = self.pods.get_mut(&pod) {
-                    log.live -= 1;
+            if self.drop_holder(block, pod, insertion)
+                && let Some(log) = self.pods.get_mut(&pod)
+            {
+                log.live -= 1;
+                if !expired {
+                    log.push_out(block);
                 }
             }
         }
@@ -304,6 +337,11 @@ impl RoutedChains {
         }
         let log = inner.log(pod);
         log.live += added;
+        if !log.evicted.is_empty() {
+            for b in &chain[..keep] {
+                log.evicted.remove(b);
+            }
+        }
         // Deepest first, as vLLM frees a finished request's blocks: past
         // capacity a chain loses its tail before its head, as in the engine.
         log.order
@@ -350,6 +388,13 @@ impl RoutedChains {
         // Their queue entries are stale now: `trim` skips and compacts them.
         if let Some(log) = inner.pods.get_mut(&pod) {
             log.live = log.live.saturating_sub(dropped);
+            // The engine confirmed what the model predicted (or evicted a
+            // block the model kept): either way the index no longer has it.
+            if !log.evicted.is_empty() {
+                for b in blocks {
+                    log.evicted.remove(b);
+                }
+            }
         }
     }
 
@@ -382,6 +427,54 @@ impl RoutedChains {
     pub fn memory(&self, pod: PodId) -> Memory {
         let mut inner = self.inner.lock();
         inner.log(pod).memory
+    }
+
+    /// Lowers each pod's matched blocks of `chain` in `hits` to the first
+    /// block the capacity model pushed out of that pod to make room for
+    /// requests still queued there (their `queued_prefill_tokens`, in
+    /// `block_size`-token blocks): the engine will have evicted it (LRU,
+    /// deepest first) by the time this one's prefill runs, though it has
+    /// not said so yet. A block pushed out longer ago that the index still
+    /// holds was kept by the engine (its request ran long and freed it
+    /// late): the index's word stands.
+    pub fn cut_pushed_out(
+        &self,
+        chain: &[BlockHash],
+        pods: &[PodState],
+        block_size: u64,
+        hits: &mut CacheHits,
+    ) {
+        let inner = self.inner.lock();
+        for p in pods {
+            let held = hits.blocks(p.id) as usize;
+            let Some(log) = inner.pods.get(&p.id) else {
+                continue;
+            };
+            if held == 0 || log.evicted.is_empty() {
+                continue;
+            }
+            let pending = p.queued_prefill_tokens / block_size.max(1);
+            if pending == 0 {
+                continue;
+            }
+            if let Some(cut) = chain[..held.min(chain.len())].iter().position(|b| {
+                log.evicted
+                    .get(b)
+                    .is_some_and(|&push| log.pushes - push < pending)
+            }) {
+                hits.lower(p.id, cut as u32);
+            }
+        }
+    }
+
+    /// Blocks of `pod` the capacity model pushed out and the engine has not
+    /// reported evicted, nor been routed again.
+    pub fn pushed_out(&self, pod: PodId) -> usize {
+        self.inner
+            .lock()
+            .pods
+            .get(&pod)
+            .map_or(0, |l| l.evicted.len())
     }
 
     /// Live registered blocks of `pod` (SMG's "tree size").
@@ -466,13 +559,24 @@ impl RoutedChains {
 /// registered for the chosen pod.
 pub struct Speculative {
     table: Arc<RoutedChains>,
+    block_size: u64,
 }
 
 impl Speculative {
     /// Registers into and reads from `table` (share one table between the
-    /// profiles of a gateway so every step sees every routing).
+    /// profiles of a gateway so every step sees every routing), for
+    /// engines of 16-token blocks.
     pub fn new(table: Arc<RoutedChains>) -> Self {
-        Speculative { table }
+        Speculative::with_block_size(table, 16)
+    }
+
+    /// [`Speculative::new`] for engines of `block_size`-token blocks (how
+    /// a pod's queued prompt tokens become the blocks they will insert).
+    pub fn with_block_size(table: Arc<RoutedChains>, block_size: u64) -> Self {
+        Speculative {
+            table,
+            block_size: block_size.max(1),
+        }
     }
 
     /// The table.
@@ -485,6 +589,7 @@ impl fmt::Debug for Speculative {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Speculative")
             .field("table", &self.table)
+            .field("block_size", &self.block_size)
             .finish()
     }
 }
@@ -556,7 +661,7 @@ impl<S: CacheEventSink> CacheEventSink for Evictions<S> {
 }
 
 impl Prepare for Speculative {
-    fn prepare(&self, ctx: &mut Context, _: &[PodState]) {
+    fn prepare(&self, ctx: &mut Context, pods: &[PodState]) {
         let now = now_ms(ctx);
         let chain_len = ctx.get(CHAIN).map_or(0, Vec::len);
         // Taken out while the chain is borrowed, put back raised (into the
@@ -564,6 +669,8 @@ impl Prepare for Speculative {
         let had = ctx.get_mut(CACHE_HITS).map(std::mem::take);
         let mut hits = had.unwrap_or_else(|| CacheHits::empty(chain_len));
         if let Some(chain) = ctx.get(CHAIN) {
+            self.table
+                .cut_pushed_out(chain, pods, self.block_size, &mut hits);
             self.table
                 .for_each_match(chain, now, |pod, blocks| hits.raise(pod, blocks));
         }

@@ -302,3 +302,40 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn blocks_pushed_out_by_requests_still_queued_do_not_count_as_cached() {
+    // A pod of 64 blocks: `a` (48) then `b` (48) routed there. The model
+    // pushes `a`'s 32 deepest blocks out to make room for `b`; while `b`
+    // is still queued, the engine's index still shows all of `a`, but `b`'s
+    // admission will evict them before a request for `a` runs.
+    let pod = PodId::new(0, 0);
+    let table = RoutedChains::new(Memory::forever(64));
+    let a: Vec<BlockHash> = (0..48).map(|i| BlockHash(59_000 + i)).collect();
+    let b: Vec<BlockHash> = (0..48).map(|i| BlockHash(69_000 + i)).collect();
+    table.insert(pod, &a, 0);
+    table.insert(pod, &b, 0);
+    assert_eq!(table.pushed_out(pod), 32);
+    let hits_with = |queued_tokens: u64| {
+        let mut state = PodState::new(pod, Role::Both);
+        state.queued_prefill_tokens = queued_tokens;
+        let mut hits = router_policy::keys::CacheHits::empty(a.len());
+        hits.raise(pod, 48); // what the index says the engine holds now
+        table.cut_pushed_out(&a, &[state], BLOCK, &mut hits);
+        hits.blocks(pod)
+    };
+    assert_eq!(hits_with(48 * BLOCK), 16, "b still queued: a's tail is as good as gone");
+    // Once the queue has drained and the index still holds `a`, the engine
+    // kept it (its requests freed their blocks late): the index stands.
+    assert_eq!(hits_with(0), 48);
+    // An eviction the engine reports ends the prediction.
+    table.observe(&CacheEvent::Removed {
+        pod,
+        tier: Tier::Gpu,
+        blocks: a[16..].to_vec(),
+    });
+    assert_eq!(table.pushed_out(pod), 0);
+    // Routed again, a block is the most recent, not pushed out.
+    table.insert(pod, &b, 0);
+    assert_eq!(table.pushed_out(pod), 0);
+}
