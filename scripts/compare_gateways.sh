@@ -8,6 +8,7 @@
 #
 #   scripts/compare_gateways.sh            # every scenario, 1 run each
 #   RUNS=3 scripts/compare_gateways.sh     # 3 runs each
+#   SCENARIOS=pressure REPLICAS=1 scripts/compare_gateways.sh  # the pressure ones, one replica
 #
 # Needs network access to PyPI once (the peers' wheels carry their Rust
 # binaries). Loopback only; every load is bounded by loadgen's sessions.
@@ -71,16 +72,28 @@ start_peer() {
     wait_http "$PEER_URL"
 }
 
-scenarios=(
+plentiful=(
     "default|4096|"
     "gpu_blocks=512|512|"
     "96 sessions, 48 at once|4096|--sessions 96 --concurrency 48"
 )
+# KV-cache pressure: long documents, a tight cache, many long tenant prompts.
+pressure=(
+    "long documents, gpu_blocks=2048|2048|--sessions 64 --concurrency 16 --turns 3 --doc-words 6000"
+    "tight cache, gpu_blocks=1024|1024|--sessions 64 --concurrency 16 --turns 4 --doc-words 1500"
+    "32 tenants of 1500-word prompts, gpu_blocks=2048|2048|--sessions 96 --concurrency 24 --turns 3 --system-prompts 32 --system-words 1500"
+)
+#   SCENARIOS=pressure REPLICAS=1 scripts/compare_gateways.sh
+case ${SCENARIOS:-all} in
+    plentiful) scenarios=("${plentiful[@]}") ;;
+    pressure) scenarios=("${pressure[@]}") ;;
+    *) scenarios=("${plentiful[@]}" "${pressure[@]}") ;;
+esac
 for run in $(seq "$RUNS"); do
     for sc in "${scenarios[@]}"; do
         IFS='|' read -r label blocks extra <<< "$sc"
         cfg=$(config_for "$blocks")
-        for replicas in 1 2; do
+        for replicas in ${REPLICAS:-1 2}; do
             echo "== $label, $replicas replica(s), run $run"
             # cache-router: its own front (one replica) or two embedded
             # gateways over the same engines.
