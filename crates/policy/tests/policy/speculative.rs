@@ -324,7 +324,11 @@ fn blocks_pushed_out_by_requests_still_queued_do_not_count_as_cached() {
         table.cut_pushed_out(&a, &[state], BLOCK, &mut hits);
         hits.blocks(pod)
     };
-    assert_eq!(hits_with(48 * BLOCK), 16, "b still queued: a's tail is as good as gone");
+    assert_eq!(
+        hits_with(48 * BLOCK),
+        16,
+        "b still queued: a's tail is as good as gone"
+    );
     // Once the queue has drained and the index still holds `a`, the engine
     // kept it (its requests freed their blocks late): the index stands.
     assert_eq!(hits_with(0), 48);
