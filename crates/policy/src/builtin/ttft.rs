@@ -88,9 +88,19 @@ impl TtftModel {
     /// wait   = step_ms * prefilling + token_us * queued_prefill_tokens
     /// steps  = ceil((queued_prefill_tokens + new) / step_tokens)
     /// decode = steps * kv_read_ns * kv_blocks_used * block_size
+    /// spill  = token_us * block_size * overflow
+    ///          (overflow = kv_blocks_used + ceil(prompt / block_size)
+    ///                      - kv_blocks_total, when positive and the total known)
     /// ttft   = wait + decode + prefill_ms(cached, new) + cpu_load_us * cpu
-    /// price  = ttft + compute_weight * prefill_ms(cached, new)
+    /// price  = ttft + (1 + compute_weight) * spill
+    ///               + compute_weight * prefill_ms(cached, new)
     /// ```
+    ///
+    /// The spill is what a full pod costs: the request's blocks beside
+    /// those of the requests running there exceed the pod's cache, so it
+    /// waits for them or pushes out KV that is recomputed later. Without it
+    /// new sessions pile onto the pod whose queue is momentarily shortest
+    /// and thrash its cache (loadgen's long-document scenario).
     pub fn price(&self, pod: &PodState, prompt: u64, cached: u64, cpu: u64) -> f64 {
         let cached = cached.min(prompt.saturating_sub(1));
         let new = prompt - cached;
@@ -100,7 +110,21 @@ impl TtftModel {
         let context = (pod.kv_blocks_used * self.block_size) as f64;
         let decode = steps * self.kv_read_ns * context / 1e6;
         let own = self.prefill_ms(cached, new);
-        wait + decode + own + self.cpu_load_us * cpu as f64 / 1e3 + self.compute_weight * own
+        // Past its capacity a pod cannot hold the request beside those
+        // running there: its blocks push out theirs (recomputed later) or
+        // it waits for them to finish. Priced as recomputing the overflow.
+        let overflow = if pod.kv_blocks_total > 0 {
+            (pod.kv_blocks_used + prompt.div_ceil(self.block_size.max(1)))
+                .saturating_sub(pod.kv_blocks_total)
+        } else {
+            0
+        };
+        let spill = self.token_us * (overflow * self.block_size) as f64 / 1e3;
+        wait + decode
+            + own
+            + self.cpu_load_us * cpu as f64 / 1e3
+            + (1.0 + self.compute_weight) * spill
+            + self.compute_weight * own
     }
 }
 

@@ -285,3 +285,60 @@ fn circuit_breaker_filters_through_a_profile() {
         assert_eq!(d.pod, PodId::new(1, 0));
     }
 }
+
+#[test]
+fn predicted_ttft_charges_a_pod_that_cannot_hold_the_request_beside_its_running_ones() {
+    let model = TtftModel::with_block_size(16);
+    let prompt = 16 * 500; // 500 blocks
+    let mut roomy = pods(1).remove(0);
+    roomy.kv_blocks_total = 2048;
+    roomy.kv_blocks_used = 1000;
+    let mut full = roomy.clone();
+    full.kv_blocks_used = 1800; // 1800 + 500 = 2300: 252 blocks too many
+    let base = model.price(&roomy, prompt, 0, 0);
+    // Capacity is not charged while the request fits (the decode term
+    // grows with the blocks in use, a little).
+    let fits = {
+        let mut p = roomy.clone();
+        p.kv_blocks_used = 1548; // exactly full
+        model.price(&p, prompt, 0, 0)
+    };
+    let decode_only = |used: u64| {
+        let mut p = roomy.clone();
+        p.kv_blocks_total = 0; // unknown capacity: never charged
+        p.kv_blocks_used = used;
+        model.price(&p, prompt, 0, 0)
+    };
+    assert_eq!(fits, decode_only(1548));
+    assert_eq!(base, decode_only(1000));
+    // Past it, the overflow is priced as recomputing its tokens, once for
+    // the wait and again as the fleet's work.
+    let over = model.price(&full, prompt, 0, 0) - decode_only(1800);
+    let spill = model.token_us * (252 * 16) as f64 / 1e3;
+    assert!(
+        (over - (1.0 + model.compute_weight) * spill).abs() < 1e-9,
+        "{over} against {spill}"
+    );
+    // A half-cached prompt on the full pod can still beat the roomy pod,
+    // so a session's history keeps it where it is unless the overflow
+    // costs more than the saving.
+    let p = PredictedTtft::new(model.clone(), None);
+    let mut ctx = Context::new();
+    ctx.insert(PROMPT_TOKENS, prompt);
+    ctx.insert(CACHE_HITS, hits(500, &[(0, 450)]));
+    let mut ps = pods(2);
+    ps[0].kv_blocks_total = 2048;
+    ps[0].kv_blocks_used = 1800;
+    ps[1].kv_blocks_total = 2048;
+    ps[1].kv_blocks_used = 1000;
+    let mut out = vec![0.0; 2];
+    p.score(&ctx, &ps, &mut out);
+    assert!(
+        out[0] > out[1],
+        "history outweighs a small overflow: {out:?}"
+    );
+    // Uncached everywhere: the pod with room wins.
+    ctx.insert(CACHE_HITS, hits(500, &[]));
+    p.score(&ctx, &ps, &mut out);
+    assert!(out[1] > out[0], "a new prompt goes where it fits: {out:?}");
+}
