@@ -13,7 +13,8 @@
 use std::path::{Path, PathBuf};
 
 use clap::Parser;
-use router_gateway::{Config, DEFAULT_CONFIG, Gateway};
+use router_gateway::{Config, DEFAULT_CONFIG};
+use router_sim_engine::SimGateway;
 
 #[derive(Parser, Debug)]
 #[command(about = "Cache-aware OpenAI-compatible gateway (reference integration of cache-router)")]
@@ -104,7 +105,7 @@ async fn main() {
             c.simulated = None;
             c.pods = gateways
                 .first()
-                .map(Gateway::engine_pods)
+                .map(SimGateway::engine_pods)
                 .unwrap_or_default();
             let port = config.gateway.listen.port();
             c.gateway
@@ -117,7 +118,7 @@ async fn main() {
             let base = n.replica.clone().unwrap_or_else(|| "gw".into());
             n.replica = Some(format!("{base}-{r}"));
         }
-        match Gateway::start(c).await {
+        match SimGateway::start(c).await {
             Ok(g) => gateways.push(g),
             Err(e) => {
                 eprintln!("gateway: {e}");

@@ -25,8 +25,9 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use futures::StreamExt;
 use router_core::Namespace;
-use router_gateway::{Config, DEFAULT_CONFIG, Gateway, POD_HEADER, PREDICTED_HEADER, SseDecoder};
+use router_gateway::{Config, DEFAULT_CONFIG, POD_HEADER, PREDICTED_HEADER, SseDecoder};
 use router_hash::ChainHasher;
+use router_sim_engine::SimGateway;
 use serde_json::{Value, json};
 
 /// The bundled configuration for an embedded gateway running `profile`,
@@ -59,11 +60,11 @@ async fn restart_rows(
     for restart in [false, true] {
         let config = embedded(args, base, profile);
         // The engines' owner serves no request; the gateways route to them.
-        let owner = Gateway::start(config.clone()).await.expect("a gateway");
+        let owner = SimGateway::start(config.clone()).await.expect("a gateway");
         let mut over = config.clone();
         over.simulated = None;
         over.pods = owner.engine_pods();
-        let first = Gateway::start(over.clone()).await.expect("a gateway");
+        let first = SimGateway::start(over.clone()).await.expect("a gateway");
         let s = drive(
             args.clone(),
             &[first.url()],
@@ -76,7 +77,7 @@ async fn restart_rows(
         failed += s.failed();
         let (label, second) = if restart {
             drop(first);
-            let g = Gateway::start(over).await.expect("a gateway");
+            let g = SimGateway::start(over).await.expect("a gateway");
             // What it learns at start (the engines' replay buffers).
             tokio::time::sleep(Duration::from_millis(500)).await;
             ("pass 2 restarted", g)
@@ -534,7 +535,7 @@ async fn main() {
             config.nats = Some(nats_section(url, &prefix, "r0", &args.share));
         }
         let mut gateways = Vec::new();
-        match Gateway::start(config.clone()).await {
+        match SimGateway::start(config.clone()).await {
             Ok(g) => gateways.push(g),
             Err(e) => {
                 eprintln!("loadgen: profile {profile}: {e}");
@@ -550,7 +551,7 @@ async fn main() {
             if let Some(n) = c.nats.as_mut() {
                 n.replica = Some(format!("r{r}"));
             }
-            match Gateway::start(c).await {
+            match SimGateway::start(c).await {
                 Ok(g) => gateways.push(g),
                 Err(e) => {
                     eprintln!("loadgen: profile {profile} replica: {e}");
@@ -558,7 +559,7 @@ async fn main() {
                 }
             }
         }
-        let urls: Vec<String> = gateways.iter().map(Gateway::url).collect();
+        let urls: Vec<String> = gateways.iter().map(|g| g.url()).collect();
         let restarter = args.restart_engine_after_ms.map(|after| {
             let mut owner = gateways.remove(0);
             tokio::spawn(async move {

@@ -38,6 +38,7 @@
 #![forbid(unsafe_code)]
 
 mod decode;
+mod encode;
 mod error;
 mod ingest;
 mod metrics;
@@ -46,6 +47,7 @@ mod sequence;
 mod subscriber;
 
 pub use decode::{BlockRemoved, BlockStored, EngineEvent, EventBatch, decode_batch};
+pub use encode::{Encoding, WireEvent, encode_batch};
 pub use error::DecodeError;
 pub use ingest::{IngestStats, Ingestor, KnownBlock, tier_of};
 pub use metrics::{EngineMetrics, MetricsError, parse_engine_metrics};

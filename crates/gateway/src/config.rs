@@ -29,7 +29,7 @@ use router_policy::Role;
 use serde::Deserialize;
 
 use crate::Error;
-use crate::wire::Encoding;
+use router_events::Encoding;
 
 /// The whole file.
 #[derive(Clone, Debug, Deserialize)]
@@ -55,6 +55,9 @@ pub struct Config {
     /// The file it came from, for `POST /admin/reload`.
     #[serde(skip)]
     pub(crate) path: Option<PathBuf>,
+    /// Pods added by code that a reloaded file keeps ([`Config::add_fixed_pod`]).
+    #[serde(skip)]
+    pub(crate) fixed: Vec<PodConfig>,
 }
 
 /// The `[gateway]` table.
@@ -270,7 +273,14 @@ impl PodConfig {
     }
 }
 
-/// The `[simulated]` table: engines the gateway starts itself.
+fn encoding<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Encoding, D::Error> {
+    let name = String::deserialize(d)?;
+    name.parse().map_err(serde::de::Error::custom)
+}
+
+/// The `[simulated]` table: simulated engines to start on loopback
+/// (router-sim-engine's `SimGateway` starts them; `Gateway::start` alone
+/// refuses a file with this table).
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 #[non_exhaustive]
@@ -281,8 +291,8 @@ pub struct SimulatedConfig {
     /// (0: every engine runs whole requests).
     #[serde(default)]
     pub prefill_engines: usize,
-    /// Their event encoding.
-    #[serde(default)]
+    /// Their event encoding (`map`, vLLM's default, or `array`).
+    #[serde(default, deserialize_with = "encoding")]
     pub encoding: Encoding,
     /// Multiplies every modelled duration (0.1: ten times faster than the
     /// modelled GPU).
@@ -369,6 +379,14 @@ fn default_max_tokens() -> u32 {
 pub const DEFAULT_CONFIG: &str = include_str!("../gateway.toml");
 
 impl Config {
+    /// Adds `pod` to the pods, to be kept when `POST /admin/reload`
+    /// applies a file that does not list it (the simulated engines' pods,
+    /// say, which a file cannot name before they are started).
+    pub fn add_fixed_pod(&mut self, pod: PodConfig) {
+        self.pods.push(pod.clone());
+        self.fixed.push(pod);
+    }
+
     /// Parses `text`, taking relative paths from `base`.
     pub fn parse(text: &str, base: &Path) -> Result<Config, Error> {
         let mut c: Config = toml::from_str(text).map_err(|e| Error::Config {

@@ -1,5 +1,4 @@
-//! A reference OpenAI-compatible gateway over cache-router, and simulated
-//! engines to run it against.
+//! A reference OpenAI-compatible gateway over cache-router.
 //!
 //! # The design choice
 //!
@@ -10,10 +9,11 @@
 //! file (router-policy, whose `prefix-match` step queries router-index
 //! once), and run by router-exec over an HTTP [`Backend`](router_exec::Backend)
 //! with retries on other pods. The index is kept current by router-events
-//! subscribed to each engine's ZeroMQ stream. With no GPU at hand, the
-//! gateway starts [`SimEngine`]s: real HTTP servers and real ZeroMQ
-//! publishers on loopback, whose caches and timings come from router-sim,
-//! so every byte of the path is exercised.
+//! subscribed to each engine's ZeroMQ stream. With no GPU at hand,
+//! router-sim-engine's `SimGateway` starts simulated engines (real HTTP
+//! servers and real ZeroMQ publishers on loopback, whose caches and
+//! timings come from router-sim) and this gateway over them, so every byte
+//! of the path is exercised; this crate holds no simulation code.
 //!
 //! # Items
 //!
@@ -24,22 +24,21 @@
 //!   `DELETE /admin/pods/{name}`, `POST /admin/reload`.
 //! - [`HttpBackend`]: pooled HTTP to engines, server-sent events decoded as
 //!   they arrive ([`SseDecoder`]).
-//! - [`SimEngine`] with [`EngineConfig`]; [`encode_batch`] writes vLLM's
-//!   event batches in either [`Encoding`].
+//! - [`openai`]: the OpenAI API surface both a gateway and an engine
+//!   parse (endpoints, prompt tokens, the error shape); [`serve`] and
+//!   [`sse_event`] for servers that stream.
 //! - [`ApiError`]: errors in OpenAI's shape.
 #![forbid(unsafe_code)]
 
 mod backend;
 mod config;
-mod engine;
 mod error;
 mod metrics;
-mod openai;
+pub mod openai;
 mod pods;
 mod pool;
 mod server;
 mod sse;
-mod wire;
 
 /// Serves `app` on `listener` until the task is dropped, with `TCP_NODELAY`
 /// on every connection (small SSE chunks must not wait for Nagle's
@@ -48,7 +47,7 @@ mod wire;
 /// arrive, the first request's or, on a kept-alive connection, the next
 /// one's (a client trickling headers, or holding an idle connection, is
 /// dropped). The gateway and the simulated engines both serve through it.
-async fn serve(listener: tokio::net::TcpListener, app: axum::Router, header_timeout: Duration) {
+pub async fn serve(listener: tokio::net::TcpListener, app: axum::Router, header_timeout: Duration) {
     loop {
         let tcp = match listener.accept().await {
             Ok((tcp, _)) => tcp,
@@ -77,11 +76,9 @@ pub use backend::HttpBackend;
 pub use config::{
     Config, DEFAULT_CONFIG, GatewayConfig, NatsSection, PodConfig, SimulatedConfig, WorkflowKind,
 };
-pub use engine::{EngineConfig, SimEngine};
 pub use error::Error;
 pub use metrics::Metrics;
 pub use openai::{Api, ApiError, parse_body, prompt_tokens};
 pub use pods::PodView;
 pub use server::{Gateway, POD_HEADER, PREDICTED_HEADER, PREFILL_POD_HEADER, SESSION_HEADER};
-pub use sse::{SseDecoder, SseError};
-pub use wire::{Encoding, WireEvent, encode_batch};
+pub use sse::{SseDecoder, SseError, event as sse_event};

@@ -215,7 +215,7 @@ fn normalise(body: &mut Value) -> Result<(), ApiError> {
 }
 
 /// Checks the body's `model` against the served one.
-pub(crate) fn check_model(body: &Value, served: &str) -> Result<(), ApiError> {
+pub fn check_model(body: &Value, served: &str) -> Result<(), ApiError> {
     match body.get("model") {
         Some(Value::String(m)) if m == served => Ok(()),
         Some(Value::String(m)) => Err(ApiError::unknown_model(m)),
@@ -464,12 +464,12 @@ pub(crate) fn prompt_tokens_at_least(body: &Value, min_tokens: impl Fn(usize) ->
 }
 
 /// Whether the request asks for a streamed response.
-pub(crate) fn is_stream(body: &Value) -> bool {
+pub fn is_stream(body: &Value) -> bool {
     body.get("stream").and_then(Value::as_bool).unwrap_or(false)
 }
 
 /// Whether a streamed request asked for the final usage chunk.
-pub(crate) fn wants_usage(body: &Value) -> bool {
+pub fn wants_usage(body: &Value) -> bool {
     body.pointer("/stream_options/include_usage")
         .and_then(Value::as_bool)
         .unwrap_or(false)

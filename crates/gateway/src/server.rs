@@ -31,11 +31,9 @@ use tokio::task::JoinHandle;
 use crate::Error;
 use crate::backend::HttpBackend;
 use crate::config::{Config, PodConfig, WorkflowKind};
-use crate::engine::{EngineConfig, SimEngine};
 use crate::metrics::{Metrics, raise};
 use crate::openai::{self, Api, ApiError};
 use crate::pods::{PodView, Pods, probe_loop};
-use router_policy::Role;
 
 /// Header naming the pod that served a request.
 pub const POD_HEADER: &str = "x-cache-router-pod";
@@ -116,16 +114,16 @@ struct AppState {
     workflow: Workflow,
     metrics: Arc<Metrics>,
     config_path: Option<PathBuf>,
-    /// The simulated engines' pods, which a reloaded file does not list.
+    /// The fixed pods ([`Config::add_fixed_pod`]), which a reloaded file
+    /// does not list.
     simulated: Vec<PodConfig>,
 }
 
-/// A running gateway (and the simulated engines it started, if any).
+/// A running gateway.
 #[derive(Debug)]
 pub struct Gateway {
     addr: std::net::SocketAddr,
     state: Arc<AppState>,
-    engines: Vec<SimEngine>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -272,41 +270,21 @@ picker = {{ type = "least-requests" }}
 
 impl Gateway {
     /// Starts the gateway described by `config` on the current tokio
-    /// runtime (multi-threaded), first starting its simulated engines.
+    /// runtime (multi-threaded).
     pub async fn start(mut config: Config) -> Result<Gateway, Error> {
         let g = config.gateway.clone();
         let tokenizer = Arc::new(ModelTokenizer::from_dir(&g.tokenizer)?);
         let model_max_length = tokenizer.model_max_length();
-        let mut engines = Vec::new();
-        let mut simulated = Vec::new();
-        if let Some(sim) = &config.simulated {
-            for i in 0..sim.engines {
-                let mut ec = EngineConfig::new(g.model.clone(), tokenizer.clone())
-                    .block_size(g.block_size)
-                    .gpu_blocks(sim.gpu_blocks)
-                    .time_scale(sim.time_scale)
-                    .encoding(sim.encoding)
-                    .default_max_tokens(sim.default_max_tokens);
-                ec.topic = "kv-events".into();
-                let e = SimEngine::start(ec)?;
-                let mut pod = PodConfig::new(format!("sim-{i}"), e.url());
-                if sim.events {
-                    pod =
-                        pod.with_events(e.events_endpoint(), Some(e.replay_endpoint().to_owned()));
-                }
-                pod.topic = "kv-events".into();
-                if sim.prefill_engines > 0 {
-                    pod.role = if i < sim.prefill_engines {
-                        Role::Prefill
-                    } else {
-                        Role::Decode
-                    };
-                }
-                simulated.push(pod.clone());
-                config.pods.push(pod);
-                engines.push(e);
-            }
+        if config.simulated.is_some() {
+            return Err(Error::Config {
+                line: 0,
+                message: "the [simulated] engines are started by router-sim-engine's SimGateway \
+                          (the cache-router command uses it); Gateway::start routes to the \
+                          [[pods]] only"
+                    .into(),
+            });
         }
+        let simulated = config.fixed.clone();
         crate::config::normalise_pods(&mut config.pods)?;
 
         let metrics = Arc::new(Metrics::new());
@@ -463,17 +441,12 @@ impl Gateway {
         if config.pods.iter().any(|p| p.events.is_some()) {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        Ok(Gateway {
-            addr,
-            state,
-            engines,
-            tasks,
-        })
+        Ok(Gateway { addr, state, tasks })
     }
 
-    /// The pods of the simulated engines this gateway started, as another
-    /// gateway (a replica over the same engines) would list them.
-    pub fn engine_pods(&self) -> Vec<PodConfig> {
+    /// The pods kept across reloads ([`Config::add_fixed_pod`]), as
+    /// another gateway (a replica over the same engines) would list them.
+    pub fn fixed_pods(&self) -> Vec<PodConfig> {
         self.state.simulated.clone()
     }
 
@@ -485,16 +458,6 @@ impl Gateway {
     /// The base URL (`http://addr`).
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
-    }
-
-    /// The simulated engines, in pod order (`sim-0`, `sim-1`, ...).
-    pub fn engines(&self) -> &[SimEngine] {
-        &self.engines
-    }
-
-    /// The simulated engines, to kill one.
-    pub fn engines_mut(&mut self) -> &mut [SimEngine] {
-        &mut self.engines
     }
 
     /// The pods.
@@ -835,7 +798,7 @@ async fn reload(State(s): State<Arc<AppState>>, headers: HeaderMap) -> Response 
         Ok(c) => c,
         Err(e) => return admin_error(&e),
     };
-    // Simulated engines are not in the file's pod list: keep them.
+    // The fixed pods (simulated engines') are not in the file's list: keep them.
     let mut wanted = config.pods;
     wanted.extend(s.simulated.iter().cloned());
     match s.pods.replace_all(wanted) {

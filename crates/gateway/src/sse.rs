@@ -105,7 +105,7 @@ impl SseDecoder {
 
 /// Encodes one event carrying `data`, a `data:` line per line of it (an
 /// engine's text passed through may span lines).
-pub(crate) fn event(data: &str) -> String {
+pub fn event(data: &str) -> String {
     let mut out = String::with_capacity(data.len() + 8);
     for line in data.split('\n') {
         out.push_str("data: ");

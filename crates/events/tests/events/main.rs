@@ -2,6 +2,7 @@
 //! ingestion into a real index.
 
 mod decode;
+mod encode;
 mod ingest;
 mod metrics;
 mod zmq;

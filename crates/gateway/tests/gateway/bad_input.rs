@@ -180,7 +180,7 @@ url = "http://127.0.0.1:2"
     let config =
         router_gateway::Config::parse(&text, std::path::Path::new(env!("CARGO_MANIFEST_DIR")))
             .unwrap();
-    let gw = router_gateway::Gateway::start(config).await.unwrap();
+    let gw = router_sim_engine::SimGateway::start(config).await.unwrap();
     let health = || async {
         let r = client()
             .get(format!("{}/health", gw.url()))

@@ -1,7 +1,8 @@
 //! Configuration files: the bundled one is valid; bad ones are refused
 //! with their line.
 
-use router_gateway::{Config, DEFAULT_CONFIG, Error};
+use router_gateway::{Config, DEFAULT_CONFIG, Error, Gateway};
+use router_sim_engine::SimGateway;
 
 use super::*;
 
@@ -63,4 +64,20 @@ async fn an_unknown_profile_or_a_bad_profile_stops_the_start() {
         Error::Policy(router_policy::Error::Config { line, .. }) => assert_eq!(line, 8),
         other => panic!("{other:?}"),
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_simulation_starts_simulated_engines() {
+    let mut c = parse(DEFAULT_CONFIG).unwrap();
+    c.gateway.listen = "127.0.0.1:0".parse().unwrap();
+    match Gateway::start(c.clone()).await.unwrap_err() {
+        Error::Config { message, .. } => assert!(message.contains("SimGateway"), "{message}"),
+        other => panic!("{other:?}"),
+    }
+    let gw = SimGateway::start(c).await.unwrap();
+    let names: Vec<String> = gw.pods().into_iter().map(|p| p.config.name).collect();
+    assert_eq!(names, ["sim-0", "sim-1", "sim-2", "sim-3"]);
+    // The engines' pods are fixed: a replica over the same engines lists them.
+    assert_eq!(gw.engine_pods().len(), 4);
+    assert_eq!(gw.engines().len(), 4);
 }

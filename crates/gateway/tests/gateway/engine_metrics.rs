@@ -79,7 +79,7 @@ async fn an_unreadable_metrics_answer_is_counted_and_the_pod_stays_routable() {
     let cfg = config(&format!(
         "\n[[pods]]\nname = \"bad\"\nurl = \"{bad}\"\n\n[[pods]]\nname = \"good\"\nurl = \"{good}\"\n"
     ));
-    let gw = router_gateway::Gateway::start(cfg).await.unwrap();
+    let gw = router_sim_engine::SimGateway::start(cfg).await.unwrap();
     eventually(Duration::from_secs(5), "two bad reads counted", || async {
         value(
             &scrape(&gw).await,

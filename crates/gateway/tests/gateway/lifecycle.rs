@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use router_gateway::{Config, EngineConfig, Gateway, PodConfig, SimEngine};
+use router_gateway::{Config, Gateway, PodConfig};
+use router_sim_engine::{EngineConfig, SimEngine, SimGateway};
 use serde_json::{Value, json};
 
 use crate::{MODEL, chat, eventually, post, post_settled, qwen3, scrape, system_prompt, value};
@@ -112,7 +113,7 @@ async fn a_restarted_gateway_knows_what_warm_engines_hold() {
             ]
         })
         .collect();
-    let first = Gateway::start(config_over(&engines, "")).await.unwrap();
+    let first = SimGateway::start(config_over(&engines, "")).await.unwrap();
     for c in &conversations {
         assert_eq!(
             post_settled(&first, "/v1/chat/completions", &chat(c))
@@ -130,7 +131,7 @@ async fn a_restarted_gateway_knows_what_warm_engines_hold() {
 
     // A new gateway over the same warm engines knows their caches before
     // any request (the start-up replay), and predicts them exactly.
-    let second = Gateway::start(config_over(&engines, "")).await.unwrap();
+    let second = SimGateway::start(config_over(&engines, "")).await.unwrap();
     eventually(
         Duration::from_secs(5),
         "the warm caches are known",

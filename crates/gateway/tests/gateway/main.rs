@@ -15,15 +15,18 @@ use std::path::Path;
 use std::time::Duration;
 
 use router_gateway::{Config, Gateway, POD_HEADER, PREDICTED_HEADER};
+use router_sim_engine::SimGateway;
 use serde_json::{Value, json};
 
 pub(crate) const MODEL: &str = "Qwen/Qwen3-0.6B";
 
 /// A gateway on a free port with `engines` simulated engines, configured
 /// by `extra` TOML lines under `[gateway]` and `sim` lines under `[simulated]`.
-pub(crate) async fn gateway(engines: usize, extra: &str, sim: &str) -> Gateway {
+pub(crate) async fn gateway(engines: usize, extra: &str, sim: &str) -> SimGateway {
     let text = format!("{extra}\n\n[simulated]\nengines = {engines}\n{sim}\n");
-    Gateway::start(config(&text)).await.expect("gateway starts")
+    SimGateway::start(config(&text))
+        .await
+        .expect("gateway starts")
 }
 
 /// The tests' `[gateway]` table (free port, bundled tokenizer, 100 ms

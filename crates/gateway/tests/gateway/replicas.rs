@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use router_gateway::Gateway;
+use router_sim_engine::SimGateway;
 use router_test_support::NatsServer;
 use serde_json::json;
 
@@ -31,10 +32,10 @@ fn blocks(gw: &Gateway) -> Vec<u64> {
 async fn replicas_share_the_log_the_load_and_the_registrations() {
     let nats = NatsServer::start();
     let engines = engines(2);
-    let a = Gateway::start(config_over(&engines, &nats_table(&nats.url(), "a")))
+    let a = SimGateway::start(config_over(&engines, &nats_table(&nats.url(), "a")))
         .await
         .unwrap();
-    let b = Gateway::start(config_over(&engines, &nats_table(&nats.url(), "b")))
+    let b = SimGateway::start(config_over(&engines, &nats_table(&nats.url(), "b")))
         .await
         .unwrap();
 

@@ -5,7 +5,8 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use router_gateway::{PodConfig, SimEngine};
+use router_gateway::PodConfig;
+use router_sim_engine::{SimEngine, SimGateway};
 use serde_json::{Value, json};
 
 use super::*;
@@ -351,7 +352,7 @@ async fn pods_join_and_leave_at_run_time() {
     // An engine the gateway did not start, added by an admin call.
     let tok = qwen3();
     let extra =
-        SimEngine::start(router_gateway::EngineConfig::new(MODEL, tok).time_scale(0.2)).unwrap();
+        SimEngine::start(router_sim_engine::EngineConfig::new(MODEL, tok).time_scale(0.2)).unwrap();
     let pod = PodConfig::new("extra", extra.url()).with_events(
         extra.events_endpoint(),
         Some(extra.replay_endpoint().into()),
@@ -416,8 +417,10 @@ async fn a_reload_applies_the_files_pod_list() {
     let tok = qwen3();
     let engines: Vec<SimEngine> = (0..2)
         .map(|_| {
-            SimEngine::start(router_gateway::EngineConfig::new(MODEL, tok.clone()).time_scale(0.1))
-                .unwrap()
+            SimEngine::start(
+                router_sim_engine::EngineConfig::new(MODEL, tok.clone()).time_scale(0.1),
+            )
+            .unwrap()
         })
         .collect();
     let dir = std::env::temp_dir().join(format!("cache-router-reload-{}", std::process::id()));
@@ -439,7 +442,7 @@ async fn a_reload_applies_the_files_pod_list() {
         std::fs::write(dir.join("gateway.toml"), text).unwrap();
     };
     write(2);
-    let gw = Gateway::start(Config::load(&dir.join("gateway.toml")).unwrap())
+    let gw = SimGateway::start(Config::load(&dir.join("gateway.toml")).unwrap())
         .await
         .unwrap();
     assert_eq!(gw.pods().len(), 2);

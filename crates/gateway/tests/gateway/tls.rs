@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use router_gateway::{Config, Gateway, SimEngine};
+use router_gateway::Config;
+use router_sim_engine::{SimEngine, SimGateway};
 use serde_json::json;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
@@ -77,12 +78,12 @@ fn config_for(engine: &SimEngine, port: u16, ca: Option<&Path>) -> Config {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_https_engine_is_served_when_its_authority_is_trusted() {
     let engine =
-        SimEngine::start(router_gateway::EngineConfig::new(MODEL, qwen3()).time_scale(0.0))
+        SimEngine::start(router_sim_engine::EngineConfig::new(MODEL, qwen3()).time_scale(0.0))
             .unwrap();
     let backend: SocketAddr = engine.url().trim_start_matches("http://").parse().unwrap();
     let (port, handshakes) = tls_front(backend).await;
 
-    let gw = Gateway::start(config_for(&engine, port, Some(&tls_dir().join("ca.pem"))))
+    let gw = SimGateway::start(config_for(&engine, port, Some(&tls_dir().join("ca.pem"))))
         .await
         .unwrap();
     eventually(
@@ -109,7 +110,7 @@ async fn an_https_engine_is_served_when_its_authority_is_trusted() {
     // Without the authority the certificate is refused: the pod never
     // turns healthy and requests are answered 503, not sent in clear.
     let before = handshakes.load(Ordering::SeqCst);
-    let gw = Gateway::start(config_for(&engine, port, None))
+    let gw = SimGateway::start(config_for(&engine, port, None))
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -143,7 +144,7 @@ fn a_bad_authority_file_is_a_typed_error() {
     .unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let engine =
-        SimEngine::start(router_gateway::EngineConfig::new(MODEL, qwen3()).time_scale(0.0))
+        SimEngine::start(router_sim_engine::EngineConfig::new(MODEL, qwen3()).time_scale(0.0))
             .unwrap();
     let empty = dir.join("empty.pem");
     std::fs::write(&empty, "no certificates here\n").unwrap();
@@ -153,7 +154,7 @@ fn a_bad_authority_file_is_a_typed_error() {
         (dir.join("missing.pem"), "a missing file"),
     ] {
         let err = rt
-            .block_on(Gateway::start(config_for(&engine, 1, Some(&ca))))
+            .block_on(SimGateway::start(config_for(&engine, 1, Some(&ca))))
             .expect_err(what);
         let text = err.to_string();
         assert!(

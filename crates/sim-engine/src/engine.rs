@@ -4,7 +4,7 @@
 //! with no GPU.
 //!
 //! Per request: the prompt is tokenized exactly as the gateway does (the
-//! shared [`crate::openai::prompt_tokens`]), cut into blocks hashed with the
+//! shared [`router_gateway::prompt_tokens`]), cut into blocks hashed with the
 //! engine's own per-process seed (like vLLM without `PYTHONHASHSEED`: the
 //! router cannot reproduce them and must map them); the blocks are admitted
 //! to a router-sim [`BlockCache`] (vLLM's LRU order); the uncached part
@@ -45,9 +45,8 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
 
-use crate::Error;
-use crate::openai::{self, Api, ApiError};
-use crate::wire::{Encoding, WireEvent, encode_batch};
+use router_events::{Encoding, WireEvent, encode_batch};
+use router_gateway::{Api, ApiError, Error, openai};
 
 /// How a simulated engine behaves.
 #[derive(Clone, Debug)]
@@ -358,7 +357,11 @@ async fn run(
         .layer(axum::extract::DefaultBodyLimit::max(ENGINE_MAX_BODY))
         .with_state(engine.clone());
     let tasks = vec![
-        tokio::spawn(crate::serve(listener, app, Duration::from_secs(30))),
+        tokio::spawn(router_gateway::serve(
+            listener,
+            app,
+            Duration::from_secs(30),
+        )),
         tokio::spawn(publish(
             publisher,
             rx,
@@ -769,7 +772,7 @@ impl Engine {
 }
 
 fn sse(v: &Value) -> Bytes {
-    Bytes::from(crate::sse::event(&v.to_string()))
+    Bytes::from(router_gateway::sse_event(&v.to_string()))
 }
 
 /// The `n`th generated word.

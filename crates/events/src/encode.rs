@@ -4,19 +4,35 @@
 //! field present) or a tagged array (`["BlockStored", ...]`, every field
 //! in order). msgspec writes integers, strings and arrays in their
 //! shortest MessagePack form and floats as float64; so does this encoder
-//! (a test compares its bytes with msgspec's).
-
-use serde::Deserialize;
+//! (a test compares its bytes with msgspec's, another decodes them back
+//! with [`decode_batch`](crate::decode_batch)).
+//!
+//! The router only decodes; this is for publishers: the simulated engines,
+//! test peers, and anyone bridging another engine onto vLLM's format.
 
 /// Which of msgspec's struct encodings the events use.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Encoding {
     /// Tagged maps (vLLM's default).
     #[default]
     Map,
     /// Tagged arrays (`array_like=True`).
     Array,
+}
+
+impl std::str::FromStr for Encoding {
+    type Err = String;
+
+    /// `"map"` or `"array"`, as configuration files name them.
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "map" => Ok(Encoding::Map),
+            "array" => Ok(Encoding::Array),
+            other => Err(format!(
+                "unknown event encoding `{other}`, expected `map` or `array`"
+            )),
+        }
+    }
 }
 
 /// One event, in the engine's own block hashes.
