@@ -2,7 +2,7 @@
 //! process, sampling its memory and open files to show they stay flat.
 //!
 //! ```text
-//! cargo build --release --example gateway --example soak
+//! cargo build --release -p cache-router-cli --example soak
 //! ./target/release/examples/soak --minutes 10
 //! ```
 //!
@@ -46,8 +46,8 @@ struct Args {
     /// Normal chat sessions running at once.
     #[arg(long, default_value_t = 4)]
     sessions: usize,
-    /// The gateway binary (examples/gateway), started with its bundled config.
-    #[arg(long, default_value = "target/release/examples/gateway")]
+    /// The gateway binary (`cache-router`, crates/cli), started with its bundled config.
+    #[arg(long, default_value = "target/release/cache-router")]
     gateway_bin: PathBuf,
 }
 

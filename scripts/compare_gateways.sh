@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The peer comparison (not in CI): SGLang Model Gateway (smg), sglang-router
 # and vllm-router from PyPI, each put in front of the same freshly started
-# simulated engines (hosted by examples/gateway), driven by examples/loadgen
+# simulated engines (hosted by the cache-router command, crates/cli), driven by examples/loadgen
 # over the issue's scenarios, one and two replicas (loadgen alternates
 # requests between the replicas' URLs). cache-router's own rows come from
 # the same gateway front in the same run.
@@ -22,7 +22,7 @@ if [ ! -x "$venv/bin/python" ]; then
     python3 -m venv "$venv"
 fi
 "$venv/bin/pip" install --quiet --disable-pip-version-check smg sglang-router vllm-router
-cargo build --release --locked --example gateway --example loadgen
+cargo build --release --locked -p cache-router-cli --example loadgen
 # free_port, wait_http, pids and cleanup (an EXIT trap).
 . scripts/servers.sh
 
@@ -39,7 +39,7 @@ start_engines() {
     local port log
     port=$(free_port)
     log=$out/gateway-$port.log
-    setsid ./target/release/examples/gateway --config "$1" --listen "127.0.0.1:$port" > "$log" 2>&1 &
+    setsid ./target/release/cache-router --config "$1" --listen "127.0.0.1:$port" > "$log" 2>&1 &
     pids+=($!)
     disown
     GW_URL=http://127.0.0.1:$port

@@ -22,8 +22,8 @@ CONNS=${CONNS:-16}
 out=target/overhead
 mkdir -p "$out"
 if [ $# -eq 0 ]; then
-    cargo build --release --locked --example gateway
-    set -- target/release/examples/gateway
+    cargo build --release --locked -p cache-router-cli
+    set -- target/release/cache-router
 fi
 # free_port, wait_http, stop_groups, pids and cleanup (an EXIT trap).
 . scripts/servers.sh

@@ -67,6 +67,12 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
                 "router-sim",
             ][..],
         ),
+        // The `cache-router` command: the gateway, over simulated engines
+        // when the configuration asks for them.
+        (
+            "cache-router-cli",
+            &["router-gateway", "router-sim-engine"][..],
+        ),
         ("router-bench", &["router-core", "router-index"][..]),
         ("router-test-support", &["router-core", "router-exec"][..]),
     ])

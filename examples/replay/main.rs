@@ -23,11 +23,17 @@ use router_sim::{
     policies, synthetic,
 };
 
+/// The public Mooncake trace (Apache-2.0, licence beside it), in the
+/// binary: a binary moved or installed elsewhere keeps its default.
+const BUNDLED_TRACE: &str = include_str!("../../assets/traces/synthetic_trace.jsonl");
+
 #[derive(Parser, Debug)]
 #[command(about = "Replay a trace through a simulated cluster under each routing policy")]
 pub(crate) struct Args {
-    /// Mooncake-format trace (JSON lines); `synthetic` generates one instead.
-    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/assets/traces/synthetic_trace.jsonl"))]
+    /// Mooncake-format trace (JSON lines); `bundled` is the public Mooncake
+    /// trace compiled into the binary (assets/traces/synthetic_trace.jsonl),
+    /// `synthetic` generates one instead.
+    #[arg(long, default_value = "bundled")]
     trace: String,
     /// Pods in the cluster.
     #[arg(long, default_value_t = 8)]
@@ -92,6 +98,9 @@ fn load(args: &Args) -> Result<Vec<Request>, String> {
         let mut p = SyntheticParams::default();
         p.requests = args.synthetic_requests;
         return Ok(synthetic(&p, args.seed));
+    }
+    if args.trace == "bundled" {
+        return parse_mooncake(BUNDLED_TRACE).map_err(|e| format!("the bundled trace: {e}"));
     }
     let text = std::fs::read_to_string(&args.trace)
         .map_err(|e| format!("cannot read {}: {e}", args.trace))?;

@@ -1,10 +1,12 @@
-//! The reference gateway: an OpenAI-compatible router in front of vLLM
-//! engines, or in front of simulated ones it starts itself.
+//! `cache-router`: the reference gateway, an OpenAI-compatible router in
+//! front of vLLM or SGLang engines, or in front of simulated ones it starts
+//! itself.
 //!
 //! ```text
-//! cargo run --release --example gateway                      # 4 simulated engines on 127.0.0.1:8000
-//! cargo run --release --example gateway -- --config my.toml  # your engines (see the README)
-//! cargo run --release --example gateway -- --replicas 2 --nats nats://127.0.0.1:4222
+//! cargo install --locked --path crates/cli     # installs `cache-router`
+//! cache-router                                 # 4 simulated engines on 127.0.0.1:8000
+//! cache-router --config my.toml                # your engines (see the README)
+//! cache-router --replicas 2 --nats nats://127.0.0.1:4222
 //!                                     # two replicas on :8000 and :8001 sharing state over NATS
 //! curl -s localhost:8000/v1/chat/completions -H 'content-type: application/json' \
 //!   -d '{"model":"Qwen/Qwen3-0.6B","messages":[{"role":"user","content":"Hi"}]}'
@@ -20,7 +22,8 @@ use router_sim_engine::SimGateway;
 #[command(about = "Cache-aware OpenAI-compatible gateway (reference integration of cache-router)")]
 struct Args {
     /// Configuration file (default: the bundled crates/gateway/gateway.toml,
-    /// four simulated engines).
+    /// four simulated engines, with the tokenizer of the checkout this
+    /// binary was built from).
     #[arg(long)]
     config: Option<PathBuf>,
     /// Serve on this address instead of the file's `gateway.listen`.
@@ -52,7 +55,7 @@ fn load(args: &Args) -> Result<Config, router_gateway::Error> {
         Some(path) => Config::load(path)?,
         None => Config::parse(
             DEFAULT_CONFIG,
-            &Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/gateway"),
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join("../gateway"),
         )?,
     };
     if let Some(l) = args.listen {
@@ -89,12 +92,12 @@ async fn main() {
     let config = match load(&args) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("gateway: {e}");
+            eprintln!("cache-router: {e}");
             std::process::exit(2);
         }
     };
     if args.replicas > 1 && config.nats.is_none() {
-        eprintln!("gateway: --replicas needs --nats (or a [nats] table) to share state");
+        eprintln!("cache-router: --replicas needs --nats (or a [nats] table) to share state");
         std::process::exit(2);
     }
     let mut gateways = Vec::new();
@@ -121,7 +124,7 @@ async fn main() {
         match SimGateway::start(c).await {
             Ok(g) => gateways.push(g),
             Err(e) => {
-                eprintln!("gateway: {e}");
+                eprintln!("cache-router: {e}");
                 std::process::exit(1);
             }
         }
@@ -142,5 +145,5 @@ async fn main() {
         "POST /v1/chat/completions, /v1/completions; GET /v1/models, /health, /metrics, /admin/pods"
     );
     let _ = tokio::signal::ctrl_c().await;
-    println!("gateway: stopping");
+    println!("cache-router: stopping");
 }
