@@ -22,7 +22,7 @@ if [ ! -x "$venv/bin/python" ]; then
     python3 -m venv "$venv"
 fi
 "$venv/bin/pip" install --quiet --disable-pip-version-check smg sglang-router vllm-router
-cargo build --release --locked -p cache-router-cli --example loadgen
+cargo build --release --locked -p cache-router-cli && cargo build --release --locked --example loadgen
 # free_port, wait_http, pids and cleanup (an EXIT trap).
 . scripts/servers.sh
 

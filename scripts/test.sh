@@ -58,7 +58,7 @@ check main_job
 step "the gateway example serves (simulated engines) and the load generator runs against it"
 gateway_and_loadgen() (
 set -e
-cargo build --locked -p cache-router-cli --example loadgen
+cargo build --locked -p cache-router-cli && cargo build --locked --example loadgen
 port=$(.venv/bin/python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 ./target/debug/cache-router --listen "127.0.0.1:$port" > target/gateway-ci.log 2>&1 &
 gateway_pid=$!
