@@ -89,6 +89,15 @@ fn load(args: &Args) -> Result<Config, router_gateway::Error> {
 #[tokio::main]
 async fn main() {
     let args = Args::parse();
+    // The libraries log through `tracing`: pods joining and leaving, skipped
+    // event batches, replays, snapshots. `RUST_LOG` filters (default info).
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     let config = match load(&args) {
         Ok(c) => c,
         Err(e) => {

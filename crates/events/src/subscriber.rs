@@ -407,7 +407,7 @@ impl BatchSink for LocalSink {
                 self.ingest.lock().apply_batch(pod, batch);
                 self.counters.lag(batch.ts);
             }
-            Err(e) => eprintln!("router-events: pod {pod}: skipped a batch: {e}"),
+            Err(e) => tracing::warn!(%pod, error = %e, "skipped a batch"),
         }
     }
     fn clear(&self, pod: PodId, _: ClearReason) {
@@ -467,18 +467,17 @@ impl Follower {
         match why {
             ClearReason::Restart => {
                 self.counters.restarts.fetch_add(1, Ordering::Relaxed);
-                eprintln!("router-events: pod {pod}: its engine restarted: record cleared");
+                tracing::warn!(%pod, "its engine restarted: record cleared");
             }
             ClearReason::Gap => {
                 self.counters.resets.fetch_add(1, Ordering::Relaxed);
-                eprintln!(
-                    "router-events: pod {pod}: lost batches not in the replay buffer: record cleared"
-                );
+                tracing::warn!(%pod, "lost batches not in the replay buffer: record cleared");
             }
             ClearReason::Unverified => {
                 self.counters.resets.fetch_add(1, Ordering::Relaxed);
-                eprintln!(
-                    "router-events: pod {pod}: back, but its engine could not be verified: record cleared"
+                tracing::warn!(
+                    %pod,
+                    "back, but its engine could not be verified: record cleared"
                 );
             }
         }
@@ -497,11 +496,11 @@ impl Follower {
         match tokio::time::timeout(self.timeout, fetch(ep, from)).await {
             Ok(Ok(b)) => Some(b),
             Ok(Err(e)) => {
-                eprintln!("router-events: pod {pod}: replay from {ep} failed: {e}");
+                tracing::warn!(%pod, endpoint = %ep, error = %e, "replay failed");
                 None
             }
             Err(_) => {
-                eprintln!("router-events: pod {pod}: replay from {ep} timed out");
+                tracing::warn!(%pod, endpoint = %ep, "replay timed out");
                 None
             }
         }
@@ -533,7 +532,7 @@ impl Follower {
         }
         self.counters.recovered.fetch_add(n, Ordering::Relaxed);
         if n > 0 {
-            eprintln!("router-events: pod {pod}: applied {n} batches from the replay buffer");
+            tracing::info!(%pod, batches = n, "applied batches from the replay buffer");
         }
         true
     }
@@ -683,14 +682,11 @@ async fn run_stream(mut f: Follower, recheck: Arc<Notify>) {
     let mut lost_at: Option<Option<(u64, f64)>> = None;
     let mut monitor_open = true;
     if let Err(e) = sub.connect(&f.stream.endpoint).await {
-        eprintln!(
-            "router-events: pod {pod}: cannot connect to {}: {e}",
-            f.stream.endpoint
-        );
+        tracing::warn!(%pod, endpoint = %f.stream.endpoint, error = %e, "cannot connect");
         return;
     }
     if let Err(e) = sub.subscribe(&f.stream.topic).await {
-        eprintln!("router-events: pod {pod}: cannot subscribe: {e}");
+        tracing::warn!(%pod, error = %e, "cannot subscribe");
         return;
     }
     // Cold start: a warm engine's cache is in its replay buffer. Subscribed
@@ -720,7 +716,7 @@ async fn run_stream(mut f: Follower, recheck: Arc<Notify>) {
                 Ok(m) => f.on_message(m.into_vec()).await,
                 Err(e) => {
                     // The socket reconnects on its own; do not spin.
-                    eprintln!("router-events: pod {pod}: receive failed: {e}");
+                    tracing::warn!(%pod, error = %e, "receive failed");
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             },

@@ -319,7 +319,7 @@ impl Pods {
                 e.healthy = true;
                 self.subscriber.recheck(e.id);
                 self.fleet.set_health(e.id, true);
-                eprintln!("router-gateway: pod {name} is back; its record is kept");
+                tracing::info!(pod = %name, "back; its record is kept");
                 return;
             }
             let old = e.id;
@@ -330,7 +330,7 @@ impl Pods {
                     e.id = id;
                     e.healthy = true;
                     e.out = false;
-                    eprintln!("router-gateway: pod {name} is back as {id}");
+                    tracing::info!(pod = %name, %id, "back under a new id");
                 }
                 Err(err) => {
                     // Keep it out; the next probe tries again.
@@ -339,7 +339,7 @@ impl Pods {
                         s.healthy = false;
                         s
                     });
-                    eprintln!("router-gateway: pod {name} cannot rejoin: {err}");
+                    tracing::warn!(pod = %name, error = %err, "cannot rejoin");
                 }
             }
             return;
@@ -349,17 +349,19 @@ impl Pods {
             e.healthy = false;
             e.unhealthy_since = Some(Instant::now());
             self.fleet.set_health(e.id, false);
-            eprintln!(
-                "router-gateway: pod {name} failed {} probes: not routed to; its record is kept for {} ms",
-                e.failed_probes,
-                grace.as_millis()
+            tracing::warn!(
+                pod = %name,
+                failed_probes = e.failed_probes,
+                grace_ms = grace.as_millis() as u64,
+                "unhealthy: not routed to; its record is kept for the grace period"
             );
         }
         if !e.healthy && !e.out && e.unhealthy_since.is_some_and(|t| t.elapsed() >= grace) {
             e.out = true;
             self.leave(e.id, true);
-            eprintln!(
-                "router-gateway: pod {name} stayed unhealthy past its grace period: out of the index"
+            tracing::warn!(
+                pod = %name,
+                "stayed unhealthy past its grace period: out of the index"
             );
         }
     }
@@ -403,7 +405,7 @@ impl Pods {
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 if !e.metrics_error_logged {
                     e.metrics_error_logged = true;
-                    eprintln!("router-gateway: pod {name}: its /metrics were not read: {err}");
+                    tracing::warn!(pod = %name, error = %err, "its /metrics were not read");
                 }
                 return;
             }

@@ -209,13 +209,16 @@ impl State {
             }
             Verdict::Restart => {
                 bump(&self.counters.log_restarts);
-                eprintln!("router-nats: pod {name}: its engine restarted: record cleared");
+                tracing::warn!(pod = %name, "its engine restarted: record cleared");
                 self.clear(name, ClearReason::Restart);
             }
             Verdict::Gap { from, upto } => {
                 bump(&self.counters.log_gaps);
-                eprintln!(
-                    "router-nats: pod {name}: batches {from}..{upto} missing from the log: record cleared"
+                tracing::warn!(
+                    pod = %name,
+                    from,
+                    upto,
+                    "batches missing from the log: record cleared"
                 );
                 self.clear(name, ClearReason::Gap);
             }
@@ -294,7 +297,7 @@ async fn load_newest(store: &ObjectStore, state: &mut State) -> u64 {
     let listed = match listed(store).await {
         Ok(l) => l,
         Err(e) => {
-            eprintln!("router-nats: {e}: replaying the whole stream");
+            tracing::warn!(error = %e, "replaying the whole stream");
             return 0;
         }
     };
@@ -309,7 +312,7 @@ async fn load_newest(store: &ObjectStore, state: &mut State) -> u64 {
         };
         if let Err(e) = read {
             bump(&state.counters.snapshots_refused);
-            eprintln!("router-nats: snapshot {name} unreadable ({e}); trying an older one");
+            tracing::warn!(snapshot = %name, error = %e, "snapshot unreadable; trying an older one");
             continue;
         }
         match Snapshot::decode(&bytes) {
@@ -320,25 +323,25 @@ async fn load_newest(store: &ObjectStore, state: &mut State) -> u64 {
                     .counters
                     .snapshot_loaded_at
                     .store(seq, Ordering::Relaxed);
-                eprintln!(
-                    "router-nats: loaded snapshot {name}: {blocks} blocks, stream position {seq}"
-                );
+                tracing::info!(snapshot = %name, blocks, position = seq, "loaded snapshot");
                 return seq;
             }
             Ok(snap) => {
                 bump(&state.counters.snapshots_refused);
-                eprintln!(
-                    "router-nats: snapshot {name} says position {} against its name's {seq}: refused",
-                    snap.stream_seq
+                tracing::warn!(
+                    snapshot = %name,
+                    says = snap.stream_seq,
+                    named = seq,
+                    "snapshot's position disagrees with its name: refused"
                 );
             }
             Err(e) => {
                 bump(&state.counters.snapshots_refused);
-                eprintln!("router-nats: snapshot {name} refused: {e}; trying an older one");
+                tracing::warn!(snapshot = %name, error = %e, "snapshot refused; trying an older one");
             }
         }
     }
-    eprintln!("router-nats: no usable snapshot: replaying the whole stream");
+    tracing::info!("no usable snapshot: replaying the whole stream");
     0
 }
 
@@ -465,7 +468,7 @@ async fn run(
         let mut messages = match messages {
             Ok(m) => m,
             Err(e) => {
-                eprintln!("router-nats: cannot follow the event stream ({e}); retrying");
+                tracing::warn!(error = %e, "cannot follow the event stream; retrying");
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(2));
                 continue;
@@ -504,7 +507,7 @@ async fn run(
                         *state.stats.lock() = state.ingest.stats();
                     }
                     Some(Err(e)) => {
-                        eprintln!("router-nats: the event stream failed ({e}); following it again from {}", position() + 1);
+                        tracing::warn!(error = %e, from = position() + 1, "the event stream failed; following it again");
                         break;
                     }
                     None => break,
@@ -518,7 +521,7 @@ async fn run(
                         let (cfg, js, store) = (cfg.clone(), js.clone(), store.clone());
                         tokio::spawn(async move {
                             if let Err(e) = store_snapshot(&cfg, &js, &store, snap, &counters).await {
-                                eprintln!("router-nats: {e}");
+                                tracing::warn!(error = %e, "storing a snapshot failed");
                             }
                         });
                     }

@@ -111,7 +111,10 @@ async fn publish(
             if failed {
                 bump(&counters.relay_retries);
                 if counters.relay_retries.load(Ordering::Relaxed) % 50 == 1 {
-                    eprintln!("router-nats: publishing to JetStream failed; retrying");
+                    tracing::warn!(
+                        retries = counters.relay_retries.load(Ordering::Relaxed),
+                        "publishing to JetStream failed; retrying"
+                    );
                 }
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(1));
@@ -137,10 +140,7 @@ impl RelaySink {
     fn send(&self, m: Outgoing) {
         if self.tx.try_send(m).is_err() {
             bump(&self.counters.relay_dropped);
-            eprintln!(
-                "router-nats: relay queue full: a batch of {} dropped",
-                self.subject
-            );
+            tracing::warn!(subject = %self.subject, "relay queue full: a batch dropped");
         }
     }
 }

@@ -109,7 +109,7 @@ async fn load_loop(
     let mut sub = match client.subscribe(format!("{}.load.*", cfg.prefix)).await {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("router-nats: cannot subscribe to shared load: {e}");
+            tracing::warn!(error = %e, "cannot subscribe to shared load");
             return;
         }
     };
@@ -270,7 +270,7 @@ async fn routed_in(
     let mut sub = match client.subscribe(format!("{}.routed", cfg.prefix)).await {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("router-nats: cannot subscribe to shared registrations: {e}");
+            tracing::warn!(error = %e, "cannot subscribe to shared registrations");
             return;
         }
     };
