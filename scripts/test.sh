@@ -88,6 +88,54 @@ trap - EXIT
 )
 check gateway_and_loadgen
 
+step "examples/embed.rs (a proxy on the Router) routes in front of the simulated engines"
+embed_proxy() (
+set -e
+cargo build --locked -p cache-router-cli && cargo build --locked --example embed --example loadgen
+free() { .venv/bin/python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+gw_port=$(free); embed_port=$(free)
+./target/debug/cache-router --listen "127.0.0.1:$gw_port" > target/embed-engines.log 2>&1 &
+gateway_pid=$!
+trap 'kill $gateway_pid ${embed_pid:-} 2>/dev/null || true' EXIT
+# The bundled command's simulated engines, listed by its admin API, become
+# the [[pods]] of the proxy's own config: the proxy follows their events too.
+.venv/bin/python - "$gw_port" "$embed_port" "$PWD/assets/tokenizers/qwen3" > target/embed.toml <<'PY'
+import json, sys, time, urllib.request
+gw, port, tok = sys.argv[1:]
+for _ in range(300):
+    try:
+        if urllib.request.urlopen(f"http://127.0.0.1:{gw}/health", timeout=1).status == 200:
+            break
+    except OSError:
+        pass
+    time.sleep(0.1)
+pods = json.load(urllib.request.urlopen(f"http://127.0.0.1:{gw}/admin/pods", timeout=5))
+assert len(pods) == 4, pods
+print(f'[gateway]\nlisten = "127.0.0.1:{port}"\nmodel = "Qwen/Qwen3-0.6B"\ntokenizer = "{tok}"')
+for p in pods:
+    print(f'\n[[pods]]\nname = "{p["name"]}"\nurl = "{p["url"]}"\nevents = "{p["events"]}"\nreplay = "{p["replay"]}"\ntopic = "{p["topic"]}"')
+PY
+./target/debug/examples/embed target/embed.toml > target/embed-ci.log 2>&1 &
+embed_pid=$!
+./target/debug/examples/loadgen --url "http://127.0.0.1:$embed_port" --sessions 8 --turns 3 --concurrency 4 | tee target/embed-loadgen.txt
+.venv/bin/python - "$embed_port" <<'PY'
+import re, sys, urllib.request
+t = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=5).read().decode()
+def total(name):
+    return sum(float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", t, re.M))
+assert total("cache_router_prompt_tokens_total") > 0, t
+# Later turns met their history: the engines report cached tokens, and the
+# router predicted them.
+assert total("cache_router_actual_cached_tokens_total") > 0, t
+assert total("cache_router_predicted_cached_tokens_total") > 0, t
+print("embed proxy metrics: prompt", total("cache_router_prompt_tokens_total"),
+      "cached", total("cache_router_actual_cached_tokens_total"),
+      "predicted", total("cache_router_predicted_cached_tokens_total"))
+PY
+grep -q "^(remote) *24 *0 " target/embed-loadgen.txt
+)
+check embed_proxy
+
 step "cargo doc (RUSTDOCFLAGS=-D warnings)"
 check env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 

@@ -12,6 +12,10 @@
 //! - [`events`]: engine KV-cache event batches decoded and ingested in router hashes.
 //! - [`policy`]: filters, scorers and pickers composed into validated profiles.
 //! - [`exec`]: single-step and prefill->decode workflows, retries, accounting, feedback.
+//! - [`service`] and [`Router`] (the default `service` feature): every layer
+//!   wired into one routing core, built from a TOML config or in code, with
+//!   `pick` for fronts that send requests themselves and `route` for
+//!   proxies.
 //!
 //! ```
 //! use cache_router::core::{BlockHasher, Namespace};
@@ -29,6 +33,10 @@ pub use router_exec as exec;
 pub use router_hash as hash;
 pub use router_index as index;
 pub use router_policy as policy;
+#[cfg(feature = "service")]
+pub use router_service as service;
+#[cfg(feature = "service")]
+pub use router_service::Router;
 
 /// The README's code, compiled and run as a doc test so it stays true.
 #[doc = include_str!("../README.md")]

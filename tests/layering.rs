@@ -1,8 +1,9 @@
 //! The dependency rule of the design brief, checked over `cargo metadata`:
 //! `core` <- `hash`, `index`, `events`, `policy`; `policy` <- `exec`;
 //! `events`, `policy` <- `nats`. Only the
-//! facade and the reference integrations (`router-sim`, `router-gateway`,
-//! `router-sim-engine`) name concrete crates of other layers (dev
+//! facade, the routing library (`router-service`) and the reference
+//! integrations (`router-sim`, `router-sim-engine`) name concrete crates
+//! of other layers (dev
 //! dependencies are free: tests may use real implementations). Every
 //! package of the workspace is checked; test support and simulated engines
 //! are never a normal dependency.
@@ -26,7 +27,7 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
             "router-nats",
             &["router-core", "router-events", "router-policy"][..],
         ),
-        // The facade re-exports the layers, nothing else.
+        // The facade re-exports the layers and the Router, nothing else.
         (
             "cache-router",
             &[
@@ -36,6 +37,7 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
                 "router-policy",
                 "router-exec",
                 "router-events",
+                "router-service",
             ][..],
         ),
         // The simulator models engines and runs the policies.
@@ -43,9 +45,9 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
             "router-sim",
             &["router-core", "router-index", "router-policy"][..],
         ),
-        // The gateway is a front over every layer; no simulation code.
+        // The routing core as a library: every layer wired into a Router.
         (
-            "router-gateway",
+            "router-service",
             &[
                 "router-core",
                 "router-events",
@@ -56,6 +58,9 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
                 "router-nats",
             ][..],
         ),
+        // The gateway is one front over the Router: HTTP and OpenAI's API
+        // only, no layer crate named, no simulation code.
+        ("router-gateway", &["router-service"][..]),
         // Simulated engines sit on top: they serve the gateway's API.
         (
             "router-sim-engine",

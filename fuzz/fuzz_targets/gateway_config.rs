@@ -6,6 +6,6 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(text) = std::str::from_utf8(data) {
-        let _ = router_gateway::Config::parse(text, std::path::Path::new("."));
+        let _ = router_service::Config::parse(text, std::path::Path::new("."));
     }
 });

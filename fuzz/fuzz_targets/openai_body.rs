@@ -9,7 +9,7 @@
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
-use router_gateway::{Api, parse_body, prompt_tokens};
+use router_service::{Api, parse_body, prompt_tokens};
 use router_hash::ModelTokenizer;
 
 fuzz_target!(|data: &[u8]| {

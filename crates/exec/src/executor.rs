@@ -249,6 +249,61 @@ impl Stream for Execution {
     }
 }
 
+/// A decision whose request the caller sends ([`Executor::lease`]): the
+/// pod's in-flight count, queued prefill and KV blocks stay counted until
+/// the lease drops, as for a request the executor runs itself.
+pub struct Lease {
+    pod: PodId,
+    predicted_blocks: u32,
+    guard: InFlight,
+    feedback: Arc<Feedback>,
+    chain: Vec<BlockHash>,
+}
+
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lease")
+            .field("pod", &self.pod)
+            .field("predicted_blocks", &self.predicted_blocks)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Lease {
+    /// The pod chosen.
+    pub fn pod(&self) -> PodId {
+        self.pod
+    }
+
+    /// Blocks of the chain the index said the pod held when chosen.
+    pub fn predicted_cached_blocks(&self) -> u32 {
+        self.predicted_blocks
+    }
+
+    /// The first token arrived: the pod's queued prefill ends.
+    pub fn first_token(&mut self) {
+        self.guard.first_token();
+    }
+
+    /// The engine reported `cached_tokens` of the prompt served from its
+    /// cache: compared with the prediction ([`Feedback`]).
+    pub fn cached_tokens(&mut self, cached_tokens: u64) {
+        self.feedback
+            .observe(self.pod, &self.chain, self.predicted_blocks, cached_tokens);
+    }
+
+    /// The request ended: `ok` says whether the pod served it (a failure
+    /// counts against it in the circuit breaker). Dropping a lease without
+    /// this says nothing about the pod.
+    pub fn finish(mut self, ok: bool) {
+        self.guard.outcome = Some(if ok {
+            Outcome::Success
+        } else {
+            Outcome::Failure
+        });
+    }
+}
+
 /// Watches an executor's decisions and failed attempts (metrics, logs).
 /// Every method has a default that does nothing.
 pub trait Observer: Send + Sync {
@@ -367,6 +422,68 @@ impl Executor {
         })
     }
 
+    /// One decision of `step`'s profile among the fleet's pods but
+    /// `excluded`, with its accounting started: the pod, the blocks the
+    /// index said it held, the attempt's guard.
+    fn decide(
+        &self,
+        step: &Step,
+        ctx: &mut Context,
+        excluded: &[PodId],
+        prompt_tokens: u64,
+        pods: &mut Vec<router_policy::PodState>,
+    ) -> Result<(PodId, u32, InFlight), router_policy::Error> {
+        self.fleet.snapshot_into(pods);
+        pods.retain(|p| !excluded.contains(&p.id));
+        let decide_start = std::time::Instant::now();
+        let pod = step.profile.decide(ctx, pods)?.pod;
+        if let Some(o) = &self.observer {
+            o.decided(step.kind, pod, decide_start.elapsed());
+        }
+        let bs = self.feedback.block_size();
+        let predicted = ctx.get(CACHE_HITS).map_or(0, |h| h.blocks(pod));
+        let kv_blocks = prompt_tokens.div_ceil(bs);
+        let uncached = prompt_tokens.saturating_sub(u64::from(predicted) * bs);
+        Ok((
+            pod,
+            predicted,
+            InFlight::start(self, pod, uncached, kv_blocks),
+        ))
+    }
+
+    /// Decides where a request goes without sending it, for a front that
+    /// sends it itself (an endpoint picker in front of Envoy): the
+    /// workflow's one step chooses among the pods but `excluded`, and the
+    /// returned [`Lease`] keeps the pod's load counted until it drops.
+    /// A workflow of several steps (prefill then decode) needs the
+    /// executor to run its first steps: [`Error::Protocol`] here.
+    pub fn lease(
+        &self,
+        workflow: &Workflow,
+        mut ctx: Context,
+        prompt_tokens: u64,
+        excluded: &[PodId],
+    ) -> Result<Lease, Error> {
+        let plan = workflow.plan(&ctx, prompt_tokens);
+        let [step] = plan else {
+            return Err(Error::Protocol {
+                pod: PodId::new(0, 0),
+                what: "a lease needs a workflow of one step",
+            });
+        };
+        let mut pods = Vec::new();
+        let (pod, predicted, guard) = self
+            .decide(step, &mut ctx, excluded, prompt_tokens, &mut pods)
+            .map_err(Error::NoPod)?;
+        Ok(Lease {
+            pod,
+            predicted_blocks: predicted,
+            guard,
+            feedback: self.feedback.clone(),
+            chain: ctx.get(CHAIN).cloned().unwrap_or_default(),
+        })
+    }
+
     /// Picks a pod and sends the step until one attempt yields a first
     /// chunk; a failed pod is excluded from the next attempt.
     async fn start(
@@ -380,31 +497,20 @@ impl Executor {
         let mut excluded: Vec<PodId> = Vec::new();
         let mut last_err = None;
         let mut pods = Vec::new();
-        let bs = self.feedback.block_size();
         for attempt in 0..attempts {
-            self.fleet.snapshot_into(&mut pods);
-            pods.retain(|p| !excluded.contains(&p.id));
-            let decide_start = std::time::Instant::now();
-            let decision = match step.profile.decide(ctx, &mut pods) {
-                Ok(d) => d,
-                Err(e) => {
-                    return Err(match last_err {
-                        Some(last) => Error::Exhausted {
-                            attempts: attempt,
-                            last: Box::new(last),
-                        },
-                        None => Error::NoPod(e),
-                    });
-                }
-            };
-            let pod = decision.pod;
-            if let Some(o) = &self.observer {
-                o.decided(step.kind, pod, decide_start.elapsed());
-            }
-            let predicted = ctx.get(CACHE_HITS).map_or(0, |h| h.blocks(pod));
-            let kv_blocks = req.prompt_tokens.div_ceil(bs);
-            let uncached = req.prompt_tokens.saturating_sub(predicted as u64 * bs);
-            let mut guard = InFlight::start(self, pod, uncached, kv_blocks);
+            let (pod, predicted, mut guard) =
+                match self.decide(step, ctx, &excluded, req.prompt_tokens, &mut pods) {
+                    Ok(d) => d,
+                    Err(e) => {
+                        return Err(match last_err {
+                            Some(last) => Error::Exhausted {
+                                attempts: attempt,
+                                last: Box::new(last),
+                            },
+                            None => Error::NoPod(e),
+                        });
+                    }
+                };
             let backend = self.backend.clone();
             let sent = req.clone();
             let attempt_fut = async move {

@@ -57,6 +57,6 @@ mod workflow;
 
 pub use backend::{Backend, BackendError, Chunk, ChunkStream, StepKind, StepRequest};
 pub use error::Error;
-pub use executor::{Execution, Executor, Observer, RetryPolicy};
+pub use executor::{Execution, Executor, Lease, Observer, RetryPolicy};
 pub use feedback::{Feedback, FeedbackStats};
 pub use workflow::{CACHE_HANDLE, PREFILL_POD, Shortcut, Step, Workflow};

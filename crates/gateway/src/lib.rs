@@ -1,19 +1,17 @@
-//! A reference OpenAI-compatible gateway over cache-router.
+//! A reference OpenAI-compatible gateway over cache-router: one front over
+//! [`router_service::Router`].
 //!
 //! # The design choice
 //!
-//! The gateway is built only from the public crates, the way an embedder
-//! would build theirs: the prompt is tokenized and templated exactly as the
-//! engine does it (router-hash, whose parity with `transformers` is tested),
-//! hashed into a block chain, routed by a profile from the configuration
-//! file (router-policy, whose `prefix-match` step queries router-index
-//! once), and run by router-exec over an HTTP [`Backend`](router_exec::Backend)
-//! with retries on other pods. The index is kept current by router-events
-//! subscribed to each engine's ZeroMQ stream. With no GPU at hand,
-//! router-sim-engine's `SimGateway` starts simulated engines (real HTTP
-//! servers and real ZeroMQ publishers on loopback, whose caches and
-//! timings come from router-sim) and this gateway over them, so every byte
-//! of the path is exercised; this crate holds no simulation code.
+//! The routing core (pods and their lifecycle, events, the index, the
+//! profiles, the executor, metrics, replication) is router-service's
+//! `Router`; this crate adds only what HTTP and OpenAI's API need: the
+//! endpoints, body limits and timeouts, the admin calls and their token,
+//! the answer whole or streamed as server-sent events, errors in OpenAI's
+//! shape. With no GPU at hand, router-sim-engine's `SimGateway` starts
+//! simulated engines (real HTTP servers and real ZeroMQ publishers on
+//! loopback) and this gateway over them; this crate holds no simulation
+//! code.
 //!
 //! # Items
 //!
@@ -22,23 +20,12 @@
 //!   (streamed or not), `GET /v1/models`, `GET /health`, `GET /metrics`
 //!   ([`Metrics`]), and the admin calls `GET|POST|PUT /admin/pods`,
 //!   `DELETE /admin/pods/{name}`, `POST /admin/reload`.
-//! - [`HttpBackend`]: pooled HTTP to engines, server-sent events decoded as
-//!   they arrive ([`SseDecoder`]).
-//! - [`openai`]: the OpenAI API surface both a gateway and an engine
-//!   parse (endpoints, prompt tokens, the error shape); [`serve`] and
-//!   [`sse_event`] for servers that stream.
-//! - [`ApiError`]: errors in OpenAI's shape.
+//! - [`serve`]: serves an axum app with header timeouts, for servers
+//!   that stream (the simulated engines use it too).
+//! - The router-service items a front uses, re-exported.
 #![forbid(unsafe_code)]
 
-mod backend;
-mod config;
-mod error;
-mod metrics;
-pub mod openai;
-mod pods;
-mod pool;
 mod server;
-mod sse;
 
 /// Serves `app` on `listener` until the task is dropped, with `TCP_NODELAY`
 /// on every connection (small SSE chunks must not wait for Nagle's
@@ -72,13 +59,15 @@ pub async fn serve(listener: tokio::net::TcpListener, app: axum::Router, header_
 
 use std::time::Duration;
 
-pub use backend::HttpBackend;
-pub use config::{
-    Config, DEFAULT_CONFIG, GatewayConfig, NatsSection, PodConfig, SimulatedConfig, WorkflowKind,
+pub use router_service::openai;
+pub use router_service::{
+    Api, ApiError, Config, Error, GatewayConfig, HttpBackend, Metrics, NatsSection, PodConfig,
+    PodView, Request, Router, SimulatedConfig, SseDecoder, SseError, WorkflowKind, parse_body,
+    prompt_tokens, sse_event,
 };
-pub use error::Error;
-pub use metrics::Metrics;
-pub use openai::{Api, ApiError, parse_body, prompt_tokens};
-pub use pods::PodView;
 pub use server::{Gateway, POD_HEADER, PREDICTED_HEADER, PREFILL_POD_HEADER, SESSION_HEADER};
-pub use sse::{SseDecoder, SseError, event as sse_event};
+
+/// The bundled configuration: four simulated engines serving Qwen3's
+/// tokenizer, with several profiles to compare (paths relative to this
+/// crate's directory).
+pub const DEFAULT_CONFIG: &str = include_str!("../gateway.toml");

@@ -374,10 +374,6 @@ fn default_max_tokens() -> u32 {
     16
 }
 
-/// The bundled configuration: four simulated engines serving Qwen3's
-/// tokenizer, with several profiles to compare.
-pub const DEFAULT_CONFIG: &str = include_str!("../gateway.toml");
-
 impl Config {
     /// Adds `pod` to the pods, to be kept when `POST /admin/reload`
     /// applies a file that does not list it (the simulated engines' pods,

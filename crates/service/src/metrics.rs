@@ -414,7 +414,7 @@ impl Metrics {
     }
 
     /// Counts a request's answer served by pod `pod`.
-    pub(crate) fn pod_request(&self, pod: &str, status: u16) {
+    pub fn pod_request(&self, pod: &str, status: u16) {
         self.pod_requests
             .with_label_values(&[pod, &status.to_string()])
             .inc();

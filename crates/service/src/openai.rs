@@ -2,8 +2,6 @@
 //! the prompt's token ids (the engine's own tokenization, so the router's
 //! hashes match what the engine caches), and the error shape.
 
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
 use router_hash::{ChatInput, ModelTokenizer};
 use serde_json::{Value, json};
 
@@ -106,9 +104,13 @@ impl ApiError {
     }
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+/// An axum response with the error's status and JSON body (the `axum`
+/// feature), for fronts built on axum.
+#[cfg(feature = "axum")]
+impl axum::response::IntoResponse for ApiError {
+    fn into_response(self) -> axum::response::Response {
+        let status = axum::http::StatusCode::from_u16(self.status)
+            .unwrap_or(axum::http::StatusCode::INTERNAL_SERVER_ERROR);
         (status, axum::Json(self.body())).into_response()
     }
 }
@@ -156,7 +158,7 @@ fn lax_bool(v: &Value) -> Option<bool> {
 /// does (lax booleans, integer strings) and writes them back as JSON
 /// booleans and integers, so the gateway and the engine agree on them; a
 /// value vLLM would refuse is a 400 naming the field. `null` is absent.
-fn normalise(body: &mut Value) -> Result<(), ApiError> {
+pub(crate) fn normalise(body: &mut Value) -> Result<(), ApiError> {
     let o = body.as_object_mut().expect("an object");
     match o.get("stream") {
         None | Some(Value::Null) => {
@@ -477,7 +479,7 @@ pub fn wants_usage(body: &Value) -> bool {
 
 /// `usage.prompt_tokens` and `usage.prompt_tokens_details.cached_tokens` of
 /// a response or a chunk, if it carries usage.
-pub(crate) fn usage_of(v: &Value) -> Option<(u64, Option<u64>)> {
+pub fn usage_of(v: &Value) -> Option<(u64, Option<u64>)> {
     let usage = v.get("usage").filter(|u| u.is_object())?;
     let prompt = usage.get("prompt_tokens")?.as_u64()?;
     let cached = usage
@@ -487,7 +489,7 @@ pub(crate) fn usage_of(v: &Value) -> Option<(u64, Option<u64>)> {
 }
 
 /// Whether a streamed chunk is the usage-only one (no choices).
-pub(crate) fn is_usage_only(v: &Value) -> bool {
+pub fn is_usage_only(v: &Value) -> bool {
     v.get("usage").is_some_and(Value::is_object)
         && v.get("choices")
             .and_then(Value::as_array)

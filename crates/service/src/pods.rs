@@ -275,6 +275,24 @@ impl Pods {
             .map(|(n, _)| n.clone())
     }
 
+    /// (id, base URL) of every pod.
+    pub(crate) fn urls(&self) -> Vec<(PodId, String)> {
+        self.entries
+            .lock()
+            .values()
+            .map(|e| (e.id, e.config.url.clone()))
+            .collect()
+    }
+
+    /// The name and base URL of the pod with id `id`.
+    pub(crate) fn name_and_url(&self, id: PodId) -> Option<(String, String)> {
+        self.entries
+            .lock()
+            .iter()
+            .find(|(_, e)| e.id == id)
+            .map(|(n, e)| (n.clone(), e.config.url.clone()))
+    }
+
     /// (name, id, healthy) of every pod.
     pub(crate) fn ids(&self) -> Vec<(String, PodId, bool)> {
         self.entries

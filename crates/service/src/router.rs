@@ -1,0 +1,1138 @@
+//! The [`Router`]: every layer wired from a [`Config`], with the two ways
+//! in a front needs: [`Router::pick`] (decide, the front sends) and
+//! [`Router::route`] (decide and send through the HTTP backend, with
+//! retries).
+
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
+use std::task::{Context as TaskContext, Poll};
+use std::time::{Duration, Instant};
+
+use futures::Stream;
+use router_core::{Namespace, PodId};
+use router_events::Subscriber;
+use router_exec::{
+    BackendError, Chunk, Error as ExecError, Execution, Executor, Feedback, Lease, RetryPolicy,
+    Shortcut, StepKind, StepRequest, Workflow,
+};
+use router_hash::{ChainHasher, ModelTokenizer};
+use router_index::{Index, IndexConfig};
+use router_policy::builtin::{
+    BreakerConfig, CircuitBreaker, Evictions, Memory, PrefixMatchPrepare, RoutedChains,
+};
+use router_policy::keys::{CACHE_HITS, CHAIN, HASH_KEY, PROMPT_TOKENS, SESSION_ID};
+use router_policy::{Built, Context, Filter, Fleet, KeyId, Plugin, PodState, Prepare, Registry};
+use serde_json::{Value, json};
+use tokio::sync::Semaphore;
+use tokio::task::JoinHandle;
+
+use crate::backend::HttpBackend;
+use crate::config::{Config, PodConfig, WorkflowKind};
+use crate::metrics::{Metrics, raise};
+use crate::openai::{self, ApiError};
+use crate::pods::{PodView, Pods, probe_loop};
+use crate::{Error, Request};
+
+/// A request the router will not serve, or could not: the metrics label
+/// of the reason and the client's answer in OpenAI's shape.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error("{kind}: {error}")]
+#[non_exhaustive]
+pub struct Refusal {
+    /// The reason, as `cache_router_errors_total` labels it
+    /// (`bad_request`, `unknown_model`, `prompt_too_long`, `no_pod`,
+    /// `timeout`, `backend`, `rejected`, ...).
+    pub kind: &'static str,
+    /// The answer for the client.
+    pub error: ApiError,
+}
+
+impl Refusal {
+    /// A refusal labelled `kind` answered with `error`.
+    pub fn new(kind: &'static str, error: ApiError) -> Self {
+        Refusal { kind, error }
+    }
+}
+
+/// The pods a change of the pod set added and removed, by name.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct PodChanges {
+    /// Pods added (or replaced by a changed configuration).
+    pub added: Vec<String>,
+    /// Pods removed (or replaced).
+    pub removed: Vec<String>,
+}
+
+/// How many pods there are and how many answer (the gateway's `/health`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Health {
+    /// Pods configured.
+    pub pods: usize,
+    /// Pods healthy and answering their last probe.
+    pub answering: usize,
+    /// Whether any pod has been probed yet (before that, nothing is known
+    /// to be healthy).
+    pub probed: bool,
+}
+
+/// A decision for a front that sends the request itself
+/// ([`Router::pick`]): the pod, where it listens, what the index predicted.
+/// The pod's load stays counted until the pick drops; report the first
+/// token, the engine's cached tokens and the end as they happen.
+#[derive(Debug)]
+pub struct Pick {
+    /// The pod's name.
+    pub pod: String,
+    /// The pod's base URL.
+    pub url: String,
+    /// Cached prompt tokens the index said the pod held.
+    pub predicted_cached_tokens: u64,
+    /// The prompt's length in tokens.
+    pub prompt_tokens: u64,
+    lease: Lease,
+    metrics: Arc<Metrics>,
+    arrived: Instant,
+    first: bool,
+}
+
+impl Pick {
+    /// The first token arrived (time to first token is recorded, the pod's
+    /// queued prefill ends).
+    pub fn first_token(&mut self) {
+        if std::mem::take(&mut self.first) {
+            let t = self.arrived.elapsed().as_secs_f64();
+            self.metrics.ttft_seconds.observe(t);
+            self.metrics
+                .pod_ttft_seconds
+                .with_label_values(&[&self.pod])
+                .observe(t);
+            self.lease.first_token();
+        }
+    }
+
+    /// The engine reported `cached` prompt tokens served from its cache.
+    pub fn cached_tokens(&mut self, cached: u64) {
+        self.metrics.actual_cached_tokens.inc_by(cached);
+        self.metrics
+            .pod_actual_cached_tokens
+            .with_label_values(&[&self.pod])
+            .inc_by(cached);
+        self.lease.cached_tokens(cached);
+    }
+
+    /// The request ended; `ok`: the pod served it.
+    pub fn finish(mut self, ok: bool) {
+        self.first_token();
+        self.lease.finish(ok);
+    }
+}
+
+/// A request sent by [`Router::route`]: the pods chosen and the engine's
+/// answer as a stream of chunks (dropping it cancels the request and
+/// settles the accounting). The time to the first chunk and the engine's
+/// cached tokens are recorded as they pass. [`Routed::body`] and
+/// [`Routed::sse`] give the answer as an OpenAI front sends it.
+pub struct Routed {
+    /// The pod streaming the answer.
+    pub pod: Option<String>,
+    /// The pod that ran the prefill step (a prefill-decode workflow).
+    pub prefill_pod: Option<String>,
+    /// Cached prompt tokens the index said `pod` held.
+    pub predicted_cached_tokens: u64,
+    /// The prompt's length in tokens.
+    pub prompt_tokens: u64,
+    execution: Execution,
+    metrics: Arc<Metrics>,
+    arrived: Instant,
+    first: bool,
+}
+
+impl std::fmt::Debug for Routed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Routed")
+            .field("pod", &self.pod)
+            .field("prefill_pod", &self.prefill_pod)
+            .field("predicted_cached_tokens", &self.predicted_cached_tokens)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Routed {
+    /// The whole answer of a request not streamed: the engine's last body
+    /// (a 502 refusal if it sent none).
+    pub async fn body(mut self) -> Result<Value, Refusal> {
+        use futures::StreamExt;
+        let mut data = None;
+        while let Some(item) = self.next().await {
+            if let Chunk::Data(v) = item? {
+                data = Some(v);
+            }
+        }
+        data.ok_or_else(|| {
+            Refusal::new(
+                "backend",
+                ApiError::new(
+                    502,
+                    "bad_gateway",
+                    "empty_response",
+                    "the engine sent no body".into(),
+                ),
+            )
+        })
+    }
+
+    /// A streamed answer as OpenAI's server-sent events: the engine's
+    /// events passed on (the usage-only chunk when `include_usage`), an
+    /// error event if it breaks (counted as `stream_timeout` or
+    /// `stream_backend`), then `data: [DONE]`.
+    pub fn sse(self, include_usage: bool) -> impl Stream<Item = bytes::Bytes> + Send + 'static {
+        use futures::StreamExt;
+        let metrics = self.metrics.clone();
+        self.filter_map(move |item| {
+            let event = match item {
+                Ok(Chunk::Data(v)) if include_usage || !openai::is_usage_only(&v) => {
+                    Some(crate::sse::event(&v.to_string()))
+                }
+                Ok(Chunk::Text(text)) => Some(crate::sse::event(&text)),
+                Ok(_) => None,
+                Err(r) => {
+                    // One count per failed request; the kind says it broke
+                    // after streaming began.
+                    metrics.error(if r.kind == "timeout" {
+                        "stream_timeout"
+                    } else {
+                        "stream_backend"
+                    });
+                    Some(crate::sse::event(&r.error.body().to_string()))
+                }
+            };
+            futures::future::ready(event.map(bytes::Bytes::from))
+        })
+        .chain(futures::stream::once(futures::future::ready(
+            bytes::Bytes::from_static(b"data: [DONE]\n\n"),
+        )))
+    }
+
+    fn record(&mut self, chunk: &Chunk) {
+        let pod = self.pod.as_deref().unwrap_or("");
+        match chunk {
+            Chunk::Data(_) | Chunk::Text(_) if std::mem::take(&mut self.first) => {
+                let t = self.arrived.elapsed().as_secs_f64();
+                self.metrics.ttft_seconds.observe(t);
+                if self.pod.is_some() {
+                    self.metrics
+                        .pod_ttft_seconds
+                        .with_label_values(&[pod])
+                        .observe(t);
+                }
+            }
+            Chunk::Usage { cached_tokens, .. } => {
+                let c = cached_tokens.unwrap_or(0);
+                self.metrics.actual_cached_tokens.inc_by(c);
+                if self.pod.is_some() {
+                    self.metrics
+                        .pod_actual_cached_tokens
+                        .with_label_values(&[pod])
+                        .inc_by(c);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+impl Stream for Routed {
+    type Item = Result<Chunk, Refusal>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        match Pin::new(&mut this.execution).poll_next(cx) {
+            Poll::Ready(Some(Ok(c))) => {
+                this.record(&c);
+                Poll::Ready(Some(Ok(c)))
+            }
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(refusal(&e)))),
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+/// A request checked, tokenized and hashed: what a decision reads.
+struct Prepared {
+    body: Value,
+    prompt_tokens: u64,
+    ctx: Context,
+}
+
+struct Inner {
+    model: String,
+    tokenizer: Arc<ModelTokenizer>,
+    hasher: ChainHasher,
+    namespace: Namespace,
+    block_size: u64,
+    /// The context limit on prompt (and requested) tokens.
+    max_prompt_tokens: Option<u64>,
+    sanitize_control_tokens: bool,
+    tokenize: Semaphore,
+    /// The threads that tokenize (as many as `tokenize` has permits).
+    tokenizers: crate::pool::Pool,
+    pods: Arc<Pods>,
+    breaker: Arc<CircuitBreaker>,
+    executor: Executor,
+    workflow: Workflow,
+    metrics: Arc<Metrics>,
+    config_path: Option<PathBuf>,
+    /// The fixed pods ([`Config::add_fixed_pod`]), which a reloaded file
+    /// does not list.
+    fixed: Vec<PodConfig>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// cache-router's routing core: the pods and their lifecycle (health
+/// probes and grace, engine metrics, event followers, restarts), the index,
+/// the profiles, the executor with its retries and accounting, the metrics
+/// and, with `[nats]`, replication. Cheap to clone (one shared core); the
+/// background tasks stop when the last clone drops.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use router_service::{Config, PodConfig, Request, Router};
+///
+/// let mut config = Config::parse(
+///     "[gateway]\nmodel = \"Qwen/Qwen3-0.6B\"\ntokenizer = \"assets/tokenizers/qwen3\"\n",
+///     std::path::Path::new("."),
+/// )?;
+/// config.pods.push(PodConfig::new("a", "http://10.0.0.1:8000").with_events("tcp://10.0.0.1:5557", None));
+/// let router = Router::start(config).await?;
+/// let pick = router.pick(Request::chat("Qwen/Qwen3-0.6B", [("user", "Hello")])).await?;
+/// println!("send it to {} ({} tokens cached)", pick.url, pick.predicted_cached_tokens);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Router {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Router {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Router")
+            .field("model", &self.inner.model)
+            .finish_non_exhaustive()
+    }
+}
+
+/// router-policy's `prefix-match` with its query timed into the metrics.
+#[derive(Debug)]
+struct MeteredPrefixMatch {
+    inner: PrefixMatchPrepare,
+    metrics: Arc<Metrics>,
+}
+
+impl Plugin for MeteredPrefixMatch {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn needs(&self) -> Vec<KeyId> {
+        self.inner.needs()
+    }
+    fn produces(&self) -> Vec<KeyId> {
+        self.inner.produces()
+    }
+}
+
+impl Prepare for MeteredPrefixMatch {
+    fn prepare(&self, ctx: &mut Context, pods: &[PodState]) {
+        let t = Instant::now();
+        self.inner.prepare(ctx, pods);
+        let m = &self.metrics;
+        m.index_query_seconds.observe(t.elapsed().as_secs_f64());
+        if let Some(hits) = ctx.get(CACHE_HITS) {
+            m.matched_blocks.observe(f64::from(hits.best()));
+        }
+    }
+}
+
+/// The router's one circuit breaker, as a filter: the executor feeds the
+/// same instance.
+#[derive(Debug)]
+struct SharedBreaker(Arc<CircuitBreaker>);
+
+impl Plugin for SharedBreaker {
+    fn name(&self) -> &str {
+        "circuit-breaker"
+    }
+}
+
+impl Filter for SharedBreaker {
+    fn keep(&self, ctx: &Context, pod: &PodState) -> bool {
+        self.0.keep(ctx, pod)
+    }
+}
+
+/// The plugin registry: the built-ins, `prefix-match` timed into the
+/// metrics, and one circuit breaker shared by every profile.
+fn registry(
+    index: Arc<Index>,
+    metrics: Arc<Metrics>,
+    breaker_slot: Arc<OnceLock<Arc<CircuitBreaker>>>,
+    routed: Arc<RoutedChains>,
+) -> Registry {
+    let mut registry = Registry::with_builtins()
+        .with_index(index.clone())
+        .with_routed(routed);
+    registry.register("prefix-match", move |p, _| {
+        p.none()?;
+        Ok(Built::Prepare(Box::new(MeteredPrefixMatch {
+            inner: PrefixMatchPrepare::new(index.clone()),
+            metrics: metrics.clone(),
+        })))
+    });
+    registry.register("circuit-breaker", move |p, _| {
+        let c: BreakerConfig = p.parse()?;
+        // One breaker per router: the first profile's parameters win.
+        let b = breaker_slot.get_or_init(|| Arc::new(CircuitBreaker::new(c)));
+        Ok(Built::Filter(Box::new(SharedBreaker(b.clone()))))
+    });
+    registry
+}
+
+/// The workflow `config` names, from its profiles (or the defaults).
+fn workflow(config: &Config, registry: &Registry) -> Result<Workflow, Error> {
+    let text = if config.has_profiles() {
+        config.text.clone()
+    } else {
+        default_profiles(config.gateway.block_size)
+    };
+    let mut all = registry.load_embedded(&text)?;
+    let mut take = |name: &str, key: &str| {
+        all.remove(name).map(Arc::new).ok_or_else(|| Error::Config {
+            line: 0,
+            message: format!(
+                "gateway.{key} `{name}` is not among the profiles ({})",
+                all.keys().cloned().collect::<Vec<_>>().join(", ")
+            ),
+        })
+    };
+    let g = &config.gateway;
+    let w = match g.workflow {
+        WorkflowKind::Single => Workflow::single(take(&g.profile, "profile")?),
+        WorkflowKind::PrefillDecode => {
+            let prefill = take(&g.prefill_profile, "prefill_profile")?;
+            let decode = take(&g.decode_profile, "decode_profile")?;
+            let w = Workflow::prefill_decode(prefill, decode);
+            if g.decode_only_below_tokens > 0 {
+                w.with_shortcut(Shortcut {
+                    max_prompt_tokens: g.decode_only_below_tokens,
+                    min_cached_fraction: f64::INFINITY,
+                })
+            } else {
+                w
+            }
+        }
+    };
+    Ok(w.with_timeout(Duration::from_millis(g.request_timeout_ms)))
+}
+
+/// Profiles for a file without any: router-policy's default with the
+/// configured block size and the health and circuit-breaker filters, and a
+/// prefill and a decode profile for disaggregated serving (the prefill pod
+/// chosen for its cache, the decode pod for its load).
+fn default_profiles(block_size: u32) -> String {
+    let mut text = router_policy::default_profiles_toml(
+        u64::from(block_size),
+        r#"{ type = "health" }, { type = "circuit-breaker" }"#,
+    );
+    text.push_str(&format!(
+        r#"
+[profiles.prefill]
+inputs = ["chain", "prompt_tokens"]
+prepare = [{{ type = "prefix-match" }}, {{ type = "speculative", block_size = {block_size} }}]
+filters = [{{ type = "health" }}, {{ type = "circuit-breaker" }}, {{ type = "role", role = "prefill" }}]
+scorers = [{{ type = "predicted-ttft", weight = 1.0, block_size = {block_size} }}]
+picker = {{ type = "max-score" }}
+
+[profiles.decode]
+filters = [{{ type = "health" }}, {{ type = "circuit-breaker" }}, {{ type = "role", role = "decode" }}]
+picker = {{ type = "least-requests" }}
+"#
+    ));
+    text
+}
+
+/// The PEM bundle of `gateway.tls_ca_file`, checked to hold certificates
+/// that parse (a typo must not start a router that trusts nothing extra).
+#[cfg(feature = "rustls")]
+fn read_ca(path: &Path) -> Result<Vec<u8>, Error> {
+    let pem = std::fs::read(path).map_err(|source| Error::Io {
+        path: path.to_owned(),
+        source,
+    })?;
+    let bad = |why: String| Error::Config {
+        line: 0,
+        message: format!("gateway.tls_ca_file {}: {why}", path.display()),
+    };
+    match reqwest::Certificate::from_pem_bundle(&pem) {
+        Ok(certs) if certs.is_empty() => Err(bad("holds no PEM certificate".into())),
+        Ok(_) => Ok(pem),
+        Err(e) => Err(bad(format!(
+            "not a PEM certificate bundle ({})",
+            error_chain(&e)
+        ))),
+    }
+}
+
+/// Without TLS built in there is no authority to read (the config check
+/// already refused `tls_ca_file`).
+#[cfg(not(feature = "rustls"))]
+fn read_ca(path: &Path) -> Result<Vec<u8>, Error> {
+    Err(Error::Config {
+        line: 0,
+        message: format!(
+            "gateway.tls_ca_file {}: needs a build with the `rustls` feature",
+            path.display()
+        ),
+    })
+}
+
+/// An error and its causes, `: `-separated (reqwest's own text is terse).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut msg = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        msg.push_str(": ");
+        msg.push_str(&s.to_string());
+        src = s.source();
+    }
+    msg
+}
+
+/// The error kind label and the client's answer for a failed workflow.
+fn refusal(e: &ExecError) -> Refusal {
+    match e {
+        ExecError::NoPod(_) => Refusal::new(
+            "no_pod",
+            ApiError::new(
+                503,
+                "service_unavailable",
+                "no_healthy_pod",
+                format!("no pod can take the request: {e}"),
+            ),
+        ),
+        ExecError::Timeout { .. } => Refusal::new(
+            "timeout",
+            ApiError::new(504, "timeout", "backend_timeout", e.to_string()),
+        ),
+        ExecError::Exhausted { last, .. } => match refusal(last) {
+            r if r.kind == "timeout" => r,
+            _ => Refusal::new(
+                "backend",
+                ApiError::new(502, "bad_gateway", "backend_failed", e.to_string()),
+            ),
+        },
+        ExecError::Backend {
+            source: BackendError::Rejected { status, body },
+            ..
+        } => {
+            let message = serde_json::from_str::<Value>(body)
+                .ok()
+                .and_then(|v| v.pointer("/error/message")?.as_str().map(str::to_owned))
+                .unwrap_or_else(|| body.clone());
+            let mut api = ApiError::bad_request(message, None);
+            api.status = *status;
+            Refusal::new("rejected", api)
+        }
+        _ => Refusal::new(
+            "backend",
+            ApiError::new(502, "bad_gateway", "backend_failed", e.to_string()),
+        ),
+    }
+}
+
+fn too_long(what: String) -> Refusal {
+    Refusal::new(
+        "prompt_too_long",
+        ApiError::new(
+            400,
+            "invalid_request_error",
+            "context_length_exceeded",
+            what,
+        ),
+    )
+}
+
+/// The pieces [`Router::start`] wires before the pods join.
+struct Parts {
+    index: Arc<Index>,
+    fleet: Arc<Fleet>,
+    routed: Arc<RoutedChains>,
+    backend: Arc<HttpBackend>,
+    metrics: Arc<Metrics>,
+    breaker: Arc<CircuitBreaker>,
+    workflow: Workflow,
+}
+
+impl Parts {
+    fn new(config: &Config) -> Result<(Parts, Option<Vec<u8>>), Error> {
+        let g = &config.gateway;
+        let metrics = Arc::new(Metrics::new());
+        let index: Arc<Index> = Index::new(IndexConfig::default());
+        let breaker_slot = Arc::new(OnceLock::new());
+        let routed = Arc::new(RoutedChains::new(Memory::SPECULATIVE));
+        let registry = registry(
+            index.clone(),
+            metrics.clone(),
+            breaker_slot.clone(),
+            routed.clone(),
+        );
+        let workflow = workflow(config, &registry)?;
+        let breaker = breaker_slot
+            .get()
+            .cloned()
+            .unwrap_or_else(|| Arc::new(CircuitBreaker::new(BreakerConfig::default())));
+        let extra_ca = match &g.tls_ca_file {
+            Some(path) => Some(read_ca(path)?),
+            None => None,
+        };
+        let backend = Arc::new(
+            HttpBackend::with_tls(
+                Duration::from_millis(g.connect_timeout_ms),
+                extra_ca.as_deref(),
+            )
+            .map_err(|e| client_error("http client", &e))?,
+        );
+        let parts = Parts {
+            index,
+            fleet: Arc::new(Fleet::new()),
+            routed,
+            backend,
+            metrics,
+            breaker,
+            workflow,
+        };
+        Ok((parts, extra_ca))
+    }
+}
+
+fn client_error(what: &str, e: &reqwest::Error) -> Error {
+    Error::Bind {
+        what: what.into(),
+        message: error_chain(e),
+    }
+}
+
+impl Router {
+    /// Starts the router `config` describes on the current tokio runtime
+    /// (multi-threaded): joins its `[[pods]]`, follows their events,
+    /// probes their health, connects to NATS when `[nats]` is set.
+    pub async fn start(mut config: Config) -> Result<Router, Error> {
+        let g = config.gateway.clone();
+        let tokenizer = Arc::new(ModelTokenizer::from_dir(&g.tokenizer)?);
+        if config.simulated.is_some() {
+            return Err(Error::Config {
+                line: 0,
+                message: "the [simulated] engines are started by router-sim-engine's SimGateway \
+                          (the cache-router command uses it); a Router routes to the \
+                          [[pods]] only"
+                    .into(),
+            });
+        }
+        crate::config::normalise_pods(&mut config.pods)?;
+        let hasher = ChainHasher::new(g.block_size as usize)?;
+        let (p, extra_ca) = Parts::new(&config)?;
+        let forget = p.routed.clone();
+        // Registrations end when the engine evicts their blocks.
+        let sink: Arc<dyn router_core::CacheEventSink> =
+            Arc::new(Evictions::new(p.index.clone(), p.routed.clone()));
+        let subscriber = Subscriber::new(
+            Arc::new(hasher),
+            sink.clone(),
+            p.index.clone(),
+            Some(g.model.clone()),
+            g.block_size,
+        )
+        .on_clear(Arc::new(move |pod, _| forget.remove_pod(pod)));
+        let replica = match &config.nats {
+            Some(n) => Some(Arc::new(
+                router_nats::Replica::connect(n.to_config())
+                    .await
+                    .map_err(|e| Error::Nats(e.to_string()))?,
+            )),
+            None => None,
+        };
+        let pods = Arc::new(Pods::new(
+            p.index.clone(),
+            subscriber,
+            p.fleet.clone(),
+            p.backend.clone(),
+            p.routed.clone(),
+            Memory::new(g.approx_ttl_ms, g.approx_capacity_blocks),
+            replica.clone(),
+        ));
+        for pod in config.pods.clone() {
+            pods.add(pod)?;
+        }
+        let named = Arc::downgrade(&pods);
+        p.metrics
+            .set_namer(Arc::new(move |id| named.upgrade()?.name_of(id)));
+        if let Some(r) = &replica {
+            // The index is built from the shared log (after the newest
+            // snapshot); load and registrations are shared.
+            let forget = p.routed.clone();
+            r.start_log(
+                Arc::new(hasher),
+                sink,
+                Some(g.model.clone()),
+                g.block_size,
+                Some(Arc::new(move |pod, _| forget.remove_pod(pod))),
+            )
+            .await
+            .map_err(|e| Error::Nats(e.to_string()))?;
+            r.share(p.fleet.clone(), p.routed.clone());
+        }
+        let executor = Executor::new(
+            p.backend,
+            p.fleet,
+            Arc::new(Feedback::new(u64::from(g.block_size))),
+        )
+        .with_breaker(p.breaker.clone())
+        .with_retry(RetryPolicy::new(g.max_attempts, Duration::from_millis(10)))
+        .with_observer(p.metrics.clone());
+        let probe_client = crate::backend::engine_client(extra_ca.as_deref())
+            .and_then(reqwest::ClientBuilder::build)
+            .map_err(|e| client_error("probe client", &e))?;
+        let tasks = vec![tokio::spawn(probe_loop(
+            pods.clone(),
+            probe_client,
+            Duration::from_millis(g.health_interval_ms.max(10)),
+            g.unhealthy_after.max(1),
+            Duration::from_millis(g.unhealthy_grace_ms),
+            u64::from(g.block_size),
+        ))];
+        let inner = Inner {
+            namespace: Namespace::model(g.model.clone()),
+            model: g.model.clone(),
+            max_prompt_tokens: match g.max_prompt_tokens {
+                Some(0) => None,
+                Some(n) => Some(n),
+                None => tokenizer.model_max_length(),
+            },
+            tokenizer,
+            hasher,
+            block_size: u64::from(g.block_size),
+            sanitize_control_tokens: g.sanitize_control_tokens,
+            tokenize: Semaphore::new(g.tokenize_concurrency),
+            tokenizers: crate::pool::Pool::new("cache-router-tokenize", g.tokenize_concurrency)
+                .map_err(|e| Error::Bind {
+                    what: "tokenizer threads".into(),
+                    message: e.to_string(),
+                })?,
+            pods,
+            breaker: p.breaker,
+            executor,
+            workflow: p.workflow,
+            metrics: p.metrics,
+            config_path: config.path.clone(),
+            fixed: config.fixed.clone(),
+            tasks,
+        };
+        // ZeroMQ's slow joiner: a PUB drops what it sends before the SUB's
+        // subscription arrives. Give the new subscriptions a moment.
+        if config.pods.iter().any(|p| p.events.is_some()) {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        Ok(Router {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// The model served (requests for another are refused with a 404).
+    pub fn model(&self) -> &str {
+        &self.inner.model
+    }
+
+    /// Decides where `request` goes without sending it (for a front that
+    /// sends it itself, such as an endpoint picker): checked, tokenized,
+    /// hashed, decided by the configured profile (one step: a
+    /// prefill-decode workflow needs [`Router::route`]).
+    pub async fn pick(&self, request: Request) -> Result<Pick, Refusal> {
+        self.pick_among(request, |_| true).await
+    }
+
+    /// [`Router::pick`] among the pods whose base URL `eligible` accepts
+    /// (an endpoint picker's subset hint).
+    pub async fn pick_among(
+        &self,
+        request: Request,
+        eligible: impl Fn(&str) -> bool,
+    ) -> Result<Pick, Refusal> {
+        let arrived = Instant::now();
+        let p = self.prepare(request).await?;
+        let s = &self.inner;
+        let excluded: Vec<PodId> = s
+            .pods
+            .urls()
+            .into_iter()
+            .filter(|(_, url)| !eligible(url))
+            .map(|(id, _)| id)
+            .collect();
+        let lease = s
+            .executor
+            .lease(&s.workflow, p.ctx, p.prompt_tokens, &excluded)
+            .map_err(|e| refusal(&e))?;
+        let predicted = u64::from(lease.predicted_cached_blocks()) * s.block_size;
+        let (pod, url) = s.pods.name_and_url(lease.pod()).ok_or_else(|| {
+            refusal(&ExecError::NoPod(router_policy::Error::NoCandidates {
+                filter: "the pod chosen left".into(),
+            }))
+        })?;
+        self.count_routed(&pod, p.prompt_tokens, predicted);
+        Ok(Pick {
+            pod,
+            url,
+            predicted_cached_tokens: predicted,
+            prompt_tokens: p.prompt_tokens,
+            lease,
+            metrics: s.metrics.clone(),
+            arrived,
+            first: true,
+        })
+    }
+
+    /// Decides and sends `request` through the HTTP backend (retrying on
+    /// other pods before the first chunk; both steps of a prefill-decode
+    /// workflow); the answer streams from the returned [`Routed`].
+    pub async fn route(&self, request: Request) -> Result<Routed, Refusal> {
+        let arrived = Instant::now();
+        let stream = request.is_stream();
+        let p = self.prepare(request).await?;
+        let s = &self.inner;
+        let mut body = p.body;
+        if stream {
+            // The engine's usage chunk feeds the cache feedback; a front
+            // drops it on the way out unless the client asked for it.
+            body["stream_options"] = json!({"include_usage": true});
+        }
+        let req = StepRequest::new(body, p.prompt_tokens);
+        let execution = s
+            .executor
+            .execute(&s.workflow, p.ctx, req)
+            .await
+            .map_err(|e| refusal(&e))?;
+        let predicted = u64::from(execution.predicted_cached_blocks()) * s.block_size;
+        let pod = execution.pod().and_then(|id| s.pods.name_of(id));
+        if let Some(name) = &pod {
+            self.count_routed(name, p.prompt_tokens, predicted);
+        } else {
+            s.metrics.predicted_cached_tokens.inc_by(predicted);
+        }
+        let prefill_pod = execution
+            .steps()
+            .iter()
+            .find(|(kind, _)| *kind == StepKind::Prefill)
+            .and_then(|(_, id)| s.pods.name_of(*id));
+        Ok(Routed {
+            pod,
+            prefill_pod,
+            predicted_cached_tokens: predicted,
+            prompt_tokens: p.prompt_tokens,
+            execution,
+            metrics: s.metrics.clone(),
+            arrived,
+            first: true,
+        })
+    }
+
+    fn count_routed(&self, pod: &str, prompt_tokens: u64, predicted: u64) {
+        let m = &self.inner.metrics;
+        m.predicted_cached_tokens.inc_by(predicted);
+        m.pod_prompt_tokens
+            .with_label_values(&[pod])
+            .inc_by(prompt_tokens);
+        m.pod_predicted_cached_tokens
+            .with_label_values(&[pod])
+            .inc_by(predicted);
+    }
+
+    /// Checks `request` (the served model, the context limit), tokenizes it
+    /// as the engine will and hashes it into what the profiles read.
+    async fn prepare(&self, request: Request) -> Result<Prepared, Refusal> {
+        let s = &self.inner;
+        if request.model() != s.model {
+            return Err(Refusal::new(
+                "unknown_model",
+                ApiError::unknown_model(request.model()),
+            ));
+        }
+        let asked = request.max_tokens();
+        if let Some(limit) = s.max_prompt_tokens {
+            let at_least = openai::prompt_tokens_at_least(request.body(), |b| {
+                s.tokenizer.min_tokens_for_bytes(b)
+            }) as u64;
+            if at_least > limit {
+                return Err(too_long(format!(
+                    "this model's maximum context length is {limit} tokens; the prompt has at least {at_least}"
+                )));
+            }
+        }
+        let session = request.session().map(str::to_owned);
+        let (body, tokens) = self.tokenize(request).await?;
+        let prompt = tokens.len() as u64;
+        if let Some(limit) = s.max_prompt_tokens
+            && prompt.saturating_add(asked) > limit
+        {
+            return Err(too_long(format!(
+                "this model's maximum context length is {limit} tokens; the request has {} ({prompt} in the prompt, {asked} asked for)",
+                prompt.saturating_add(asked)
+            )));
+        }
+        s.metrics.prompt_tokens.inc_by(prompt);
+        let ctx = self.context(session, &tokens);
+        Ok(Prepared {
+            body,
+            prompt_tokens: prompt,
+            ctx,
+        })
+    }
+
+    /// The prompt's tokens, computed on the router's tokenizer threads (off
+    /// the async threads, a bounded number at once; see `pool.rs` for why
+    /// not `spawn_blocking`); the body comes back with them.
+    async fn tokenize(&self, request: Request) -> Result<(Value, Vec<u32>), Refusal> {
+        let s = &self.inner;
+        let _permit = s.tokenize.acquire().await.map_err(|_| {
+            Refusal::new(
+                "shutdown",
+                ApiError::new(
+                    503,
+                    "service_unavailable",
+                    "shutting_down",
+                    "shutting down".into(),
+                ),
+            )
+        })?;
+        let (tok, sanitize) = (s.tokenizer.clone(), s.sanitize_control_tokens);
+        let (api, body) = request.into_parts();
+        let (body, tokens) = s
+            .tokenizers
+            .run(move || {
+                let t = openai::prompt_tokens(api, &body, &tok, sanitize);
+                (body, t)
+            })
+            .await
+            .ok_or_else(|| {
+                Refusal::new(
+                    "internal",
+                    ApiError::new(500, "server_error", "internal", "tokenizing failed".into()),
+                )
+            })?;
+        Ok((body, tokens.map_err(|e| Refusal::new("bad_request", e))?))
+    }
+
+    /// What the profiles read: the chain, the prompt's length, the session
+    /// and the hash key.
+    fn context(&self, session: Option<String>, tokens: &[u32]) -> Context {
+        let s = &self.inner;
+        let chain = s.hasher.chain(&s.namespace, tokens);
+        let mut ctx = Context::new();
+        ctx.insert(PROMPT_TOKENS, tokens.len() as u64);
+        ctx.insert(
+            HASH_KEY,
+            match &session {
+                Some(id) => xxhash_rust::xxh3::xxh3_64(id.as_bytes()),
+                None => chain.first().map_or(0, |h| h.0),
+            },
+        );
+        if let Some(id) = session {
+            ctx.insert(SESSION_ID, id);
+        }
+        ctx.insert(CHAIN, chain);
+        ctx
+    }
+
+    /// Adds a pod (joined to the index, followed, probed); its id.
+    pub fn add_pod(&self, pod: PodConfig) -> Result<PodId, Error> {
+        self.inner.pods.add(pod)
+    }
+
+    /// Removes the pod named `name`; whether there was one.
+    pub fn remove_pod(&self, name: &str) -> bool {
+        self.inner.pods.remove(name)
+    }
+
+    /// Makes the pod set `wanted` (pods changed are replaced); the names
+    /// added and removed.
+    pub fn replace_pods(&self, wanted: Vec<PodConfig>) -> Result<PodChanges, Error> {
+        let (added, removed) = self.inner.pods.replace_all(wanted)?;
+        Ok(PodChanges { added, removed })
+    }
+
+    /// Re-reads the configuration file the router was started from and
+    /// applies its `[[pods]]` (the fixed pods kept); the names added and
+    /// removed. `None`: not started from a file.
+    pub fn reload(&self) -> Option<Result<PodChanges, Error>> {
+        let path = self.inner.config_path.as_ref()?;
+        Some(Config::load(path).and_then(|config| {
+            let mut wanted = config.pods;
+            wanted.extend(self.inner.fixed.iter().cloned());
+            self.replace_pods(wanted)
+        }))
+    }
+
+    /// The pods, by name.
+    pub fn pods(&self) -> Vec<PodView> {
+        self.inner.pods.views()
+    }
+
+    /// The pods kept across reloads ([`Config::add_fixed_pod`]).
+    pub fn fixed_pods(&self) -> Vec<PodConfig> {
+        self.inner.fixed.clone()
+    }
+
+    /// How many pods there are and how many answer.
+    pub fn health(&self) -> Health {
+        let pods = &self.inner.pods;
+        Health {
+            pods: pods.ids().len(),
+            answering: pods.answering(),
+            probed: pods.probed_once(),
+        }
+    }
+
+    /// The metrics, recorded as requests pass.
+    pub fn metrics(&self) -> &Metrics {
+        &self.inner.metrics
+    }
+
+    /// The Prometheus text of every metric, the figures other parts own
+    /// (events, pod load, breakers, the index, the replica) read now.
+    pub fn metrics_text(&self) -> String {
+        self.refresh_metrics();
+        self.inner.metrics.render()
+    }
+
+    fn refresh_metrics(&self) {
+        let s = &self.inner;
+        let m = &s.metrics;
+        let ingest = s.pods.ingest_totals();
+        let stream = s.pods.subscriber.stream_stats();
+        raise(&m.events_batches, stream.batches);
+        raise(&m.events_applied, ingest.events_applied);
+        raise(&m.event_gaps, stream.gaps);
+        raise(&m.event_replayed, stream.replayed);
+        raise(&m.engine_restarts, stream.restarts);
+        raise(&m.pod_resets, stream.resets);
+        raise(&m.event_recovered, stream.recovered);
+        if let Some(r) = &s.pods.replica {
+            let st = r.stats();
+            for (what, n) in [
+                ("relayed", st.relayed),
+                ("relay_retries", st.relay_retries),
+                ("relay_dropped", st.relay_dropped),
+                ("log_applied", st.log_applied),
+                ("log_stale", st.log_stale),
+                ("log_gaps", st.log_gaps),
+                ("log_restarts", st.log_restarts),
+                ("log_skipped", st.log_skipped),
+                ("snapshots_written", st.snapshots_written),
+                ("snapshots_refused", st.snapshots_refused),
+                ("load_received", st.load_received),
+                ("routed_received", st.routed_received),
+                ("routed_dropped", st.routed_dropped),
+            ] {
+                raise(&m.replica.with_label_values(&[what]), n);
+            }
+        }
+        for (reason, n) in [
+            ("unknown_parent", ingest.unknown_parent),
+            ("other_group", ingest.other_group),
+            ("unknown_medium", ingest.unknown_medium),
+            ("token_mismatch", ingest.token_mismatch),
+            ("unknown_removed", ingest.unknown_removed),
+            ("sink_refused", ingest.sink_refused),
+            ("unknown_event", ingest.unknown_events),
+            ("bad_frame", stream.bad_frames),
+            ("undecodable_batch", stream.decode_errors),
+            ("stale_batch", stream.stale),
+        ] {
+            raise(&m.events_skipped.with_label_values(&[reason]), n);
+        }
+        m.event_lag_seconds.set(stream.last_lag_us as f64 / 1e6);
+        m.event_lag_max_seconds.set(stream.max_lag_us as f64 / 1e6);
+        raise(
+            &m.engine_metrics_errors,
+            s.pods
+                .metrics_errors
+                .load(std::sync::atomic::Ordering::Relaxed),
+        );
+        self.refresh_pod_gauges();
+        let is = s.pods.index.stats();
+        m.index_blocks.set(clamp(is.entries));
+        m.index_bytes.set(clamp(is.bytes));
+    }
+
+    fn refresh_pod_gauges(&self) {
+        let s = &self.inner;
+        let m = &s.metrics;
+        for g in [
+            &m.pod_in_flight,
+            &m.pod_queued_prefill_tokens,
+            &m.pod_healthy,
+            &m.pod_breaker_open,
+            &m.pod_blocks,
+            &m.pod_kv_blocks_total,
+            &m.pod_engine_waiting,
+            &m.pod_engine_running,
+        ] {
+            g.reset();
+        }
+        m.pod_engine_kv_usage.reset();
+        for (name, e) in s.pods.engine_reports() {
+            let n = [name.as_str()];
+            let count = |v: Option<u64>| v.map_or(0, clamp);
+            m.pod_engine_waiting
+                .with_label_values(&n)
+                .set(count(e.waiting));
+            m.pod_engine_running
+                .with_label_values(&n)
+                .set(count(e.running));
+            m.pod_engine_kv_usage
+                .with_label_values(&n)
+                .set(e.kv_usage.unwrap_or(0.0));
+        }
+        for (name, id, healthy) in s.pods.ids() {
+            let st = s.pods.fleet.get(id);
+            let gauge = |g: &prometheus::IntGaugeVec, v: i64| g.with_label_values(&[&name]).set(v);
+            gauge(
+                &m.pod_in_flight,
+                st.as_ref().map_or(0, |p| i64::from(p.in_flight)),
+            );
+            gauge(
+                &m.pod_queued_prefill_tokens,
+                st.as_ref().map_or(0, |p| clamp(p.queued_prefill_tokens)),
+            );
+            gauge(&m.pod_healthy, i64::from(healthy));
+            gauge(
+                &m.pod_kv_blocks_total,
+                st.as_ref().map_or(0, |p| clamp(p.kv_blocks_total)),
+            );
+            gauge(&m.pod_blocks, s.pods.index.pod_blocks(id).map_or(0, clamp));
+            gauge(&m.pod_breaker_open, i64::from(s.breaker.is_tripped(id)));
+        }
+    }
+}
+
+fn clamp(v: u64) -> i64 {
+    v.min(i64::MAX as u64) as i64
+}
