@@ -363,3 +363,47 @@ async fn feedback_compares_and_lowers_the_index_claim_on_a_miss() {
     );
     assert_idle(&fleet, &[pod]);
 }
+
+#[tokio::test]
+async fn a_lease_counts_the_pods_load_until_it_ends_and_sends_nothing() {
+    let (fleet, ids) = fleet(&[Role::Both, Role::Both, Role::Both]);
+    let backend = ScriptedBackend::new();
+    let breaker = Arc::new(CircuitBreaker::new({
+        let mut c = BreakerConfig::default();
+        c.failures = 1;
+        c
+    }));
+    let exec = executor(&backend, &fleet).with_breaker(breaker.clone());
+    let wf = Workflow::single(in_slot_order());
+    let mut lease = exec.lease(&wf, Context::new(), 40, &[]).unwrap();
+    assert_eq!(lease.pod(), ids[0]);
+    let held = fleet.get(ids[0]).unwrap();
+    assert_eq!(
+        (held.in_flight, held.queued_prefill_tokens, held.kv_blocks_used),
+        (1, 40, 3),
+        "counted as a request the executor runs: 40 tokens, 3 blocks of 16"
+    );
+    lease.first_token();
+    assert_eq!(fleet.get(ids[0]).unwrap().queued_prefill_tokens, 0);
+    // The next lease avoids the excluded pods.
+    let other = exec.lease(&wf, Context::new(), 16, &ids[..2]).unwrap();
+    assert_eq!(other.pod(), ids[2]);
+    other.finish(false);
+    assert!(
+        breaker.is_tripped(ids[2]),
+        "a failed lease counts against its pod"
+    );
+    drop(lease);
+    assert!(!breaker.is_tripped(ids[0]), "a dropped lease says nothing");
+    assert!(backend.calls().is_empty(), "a lease sends nothing");
+    assert_idle(&fleet, &ids);
+    assert!(matches!(
+        exec.lease(&wf, Context::new(), 16, &ids),
+        Err(Error::NoPod(_))
+    ));
+    let pd = Workflow::prefill_decode(by_role(Role::Both), by_role(Role::Both));
+    assert!(matches!(
+        exec.lease(&pd, Context::new(), 16, &[]),
+        Err(Error::Protocol { .. })
+    ));
+}
