@@ -30,12 +30,10 @@ use crate::builtin::{
     PrefixCacheScorer, PrefixMatchPrepare, RandomPick, RoleFilter, RoundRobin, SessionAffinity,
     TierAwareScorer, TierWeights, WeightedRandom,
 };
-use crate::builtin::{
-    KvUtilization, MAX_TIER_TOP_K, Memory, PrecisePrefix, PredictedTtft, QueueScorer, RoutedChains,
-    SmgCacheAware, SmgConfig, Speculative, TtftModel,
-};
+use crate::builtin::{MAX_TIER_TOP_K, Memory, PredictedTtft, RoutedChains, Speculative, TtftModel};
 use crate::context::{Context, Key, KeyId};
 use crate::keys::{CACHE_HITS, CHAIN, HASH_KEY, NOW_MS, PROMPT_TOKENS, SESSION_ID};
+use crate::peers::{KvUtilization, PrecisePrefix, QueueScorer, SmgCacheAware, SmgConfig};
 use crate::plugin::{Filter, Picker, Plugin, Prepare, Scorer};
 use crate::pod::{PodState, Role};
 use crate::profile::Profile;

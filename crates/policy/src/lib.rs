@@ -52,6 +52,7 @@ mod config;
 mod context;
 mod error;
 pub mod keys;
+pub mod peers;
 mod plugin;
 mod pod;
 mod profile;
@@ -76,7 +77,7 @@ pub use profile::{Decision, Profile, ProfileBuilder};
 /// it runs on a clock of its own).
 ///
 /// `docs/ARCHITECTURE.md` says why this formula and not Dynamo's cost
-/// ([`peer_profile`]`("dynamo")`), which it replaced.
+/// ([`peers::profile`]`("dynamo")`), which it replaced.
 pub fn default_profile(index: Arc<dyn router_core::PrefixIndex>, block_size: u64) -> Profile {
     let table = Arc::new(builtin::RoutedChains::new(builtin::Memory::SPECULATIVE));
     default_profile_with(index, block_size, table)
@@ -108,54 +109,11 @@ pub fn default_profile_with(
         .expect("the default profile is valid") // checked by a unit test
 }
 
-/// Names accepted by [`peer_profile`].
-pub const PEER_PROFILES: [&str; 3] = ["dynamo", "smg-cache-aware", "llm-d"];
-
-/// A peer router's decision as a profile, from its published formula and
-/// defaults:
-///
-/// - `dynamo`: Dynamo's KV-router cost ([`builtin::CacheAwareCost`],
-///   overlap weight 1, temperature 0) over the exact index.
-/// - `smg-cache-aware`: SMG's `cache_aware` ([`builtin::SmgCacheAware`]),
-///   an approximate tree of what it routed; it reads no index.
-/// - `llm-d`: llm-d's precise-prefix-cache scorer 3, KV-cache utilisation 2
-///   and queue 2 (its well-lit-path weights), max score.
-pub fn peer_profile(
-    name: &str,
-    index: Arc<dyn router_core::PrefixIndex>,
-    block_size: u64,
-) -> Option<Profile> {
-    let b = Profile::builder(name)
-        .input(keys::CHAIN.id())
-        .input(keys::PROMPT_TOKENS.id());
-    let b = match name {
-        "dynamo" => b
-            .prepare(builtin::PrefixMatchPrepare::new(index))
-            .filter(builtin::HealthFilter)
-            .scorer(builtin::CacheAwareCost::new(1.0, block_size), 1.0)
-            .picker(builtin::MaxScore::default()),
-        // It queries the index only so callers can report what its choice
-        // had cached; the tree alone decides.
-        "smg-cache-aware" => b
-            .prepare(builtin::PrefixMatchPrepare::new(index))
-            .filter(builtin::HealthFilter)
-            .picker(builtin::SmgCacheAware::new(builtin::SmgConfig::default())),
-        "llm-d" => b
-            .prepare(builtin::PrefixMatchPrepare::new(index))
-            .filter(builtin::HealthFilter)
-            .scorer(builtin::PrecisePrefix, 3.0)
-            .scorer(builtin::KvUtilization, 2.0)
-            .scorer(builtin::QueueScorer, 2.0)
-            .picker(builtin::MaxScore::default()),
-        _ => return None,
-    };
-    Some(b.build().expect("the peer profiles are valid")) // each built in a unit test
-}
-
-/// [`default_profile`] and the [`peer_profile`]s as a config file, for
-/// operators to start from: `block_size` is the engines', `filters` the
-/// inline tables of every profile's filter list (router-policy's own
-/// profiles use `{ type = "health" }`; a gateway adds its breaker).
+/// [`default_profile`] and the peers' profiles ([`peers::profiles_toml`])
+/// as a config file, for operators to start from: `block_size` is the
+/// engines', `filters` the inline tables of every profile's filter list
+/// (router-policy's own profiles use `{ type = "health" }`; a gateway adds
+/// its breaker).
 pub fn default_profiles_toml(block_size: u64, filters: &str) -> String {
     format!(
         r#"[profiles.cache-aware]
@@ -165,27 +123,8 @@ filters = [{filters}]
 scorers = [{{ type = "predicted-ttft", weight = 1.0, block_size = {block_size} }}]
 picker = {{ type = "max-score" }}
 
-[profiles.dynamo]
-inputs = ["chain", "prompt_tokens"]
-prepare = [{{ type = "prefix-match" }}]
-filters = [{filters}]
-scorers = [{{ type = "cache-aware-cost", weight = 1.0, overlap_weight = 1.0, block_size = {block_size} }}]
-picker = {{ type = "max-score" }}
-
-[profiles.smg-cache-aware]
-inputs = ["chain"]
-prepare = [{{ type = "prefix-match" }}]
-filters = [{filters}]
-picker = {{ type = "smg-cache-aware", cache_threshold = 0.3, balance_abs_threshold = 64, balance_rel_threshold = 1.5 }}
-
-[profiles.llm-d]
-inputs = ["chain"]
-prepare = [{{ type = "prefix-match" }}]
-filters = [{filters}]
-scorers = [{{ type = "precise-prefix", weight = 3.0 }}, {{ type = "kv-utilization", weight = 2.0 }}, {{ type = "queue", weight = 2.0 }}]
-picker = {{ type = "max-score" }}
 "#
-    )
+    ) + &peers::profiles_toml(block_size, filters)
 }
 
 /// [`default_profile`] as a config file (16-token blocks), for operators to

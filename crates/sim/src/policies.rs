@@ -7,12 +7,12 @@ use router_policy::keys::{HASH_KEY, SESSION_ID};
 
 use router_index::{Index, IndexConfig};
 use router_policy::builtin::Memory;
-use router_policy::{Profile, Registry, default_profile_with, peer_profile};
+use router_policy::{Profile, Registry, default_profile_with, peers};
 
 use crate::sim::Policy;
 
 /// Names accepted by [`builtin`]: the baselines, the peers' decisions
-/// ([`router_policy::PEER_PROFILES`]), the default, and the default in
+/// ([`router_policy::peers::NAMES`]), the default, and the default in
 /// approximate mode (`cache-aware-approx`: the index ignored, only what was
 /// routed counts, as for engines that publish no events).
 pub const NAMES: [&str; 9] = [
@@ -79,7 +79,7 @@ pub fn builtin(name: &str) -> Option<Policy> {
         "dynamo" | "smg-cache-aware" | "llm-d" => {
             let peer = name.to_owned();
             Policy::new(name, move |index, cfg| {
-                peer_profile(&peer, index, cfg.block_tokens).expect("a peer profile's name")
+                peers::profile(&peer, index, cfg.block_tokens).expect("a peer profile's name")
             })
         }
         _ => return None,

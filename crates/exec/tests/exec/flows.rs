@@ -379,7 +379,11 @@ async fn a_lease_counts_the_pods_load_until_it_ends_and_sends_nothing() {
     assert_eq!(lease.pod(), ids[0]);
     let held = fleet.get(ids[0]).unwrap();
     assert_eq!(
-        (held.in_flight, held.queued_prefill_tokens, held.kv_blocks_used),
+        (
+            held.in_flight,
+            held.queued_prefill_tokens,
+            held.kv_blocks_used
+        ),
         (1, 40, 3),
         "counted as a request the executor runs: 40 tokens, 3 blocks of 16"
     );

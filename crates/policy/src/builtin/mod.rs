@@ -3,16 +3,14 @@
 
 mod breaker;
 mod filters;
-mod peers;
 mod pickers;
 mod prepare;
-mod routed;
+pub(crate) mod routed;
 mod scorers;
 mod ttft;
 
 pub use breaker::{BreakerConfig, CircuitBreaker};
 pub use filters::{BoundedLoad, HealthFilter, RoleFilter};
-pub use peers::{KvUtilization, PrecisePrefix, QueueScorer, SmgCacheAware, SmgConfig, SmgFallback};
 pub use pickers::{
     ConsistentHash, LeastRequests, MaxScore, PowerOfTwo, RandomPick, RoundRobin, WeightedRandom,
 };

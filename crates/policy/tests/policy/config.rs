@@ -42,8 +42,8 @@ fn the_bundled_profiles_from_toml_equal_the_ones_from_code() {
         format!("{:?}", from_file["cache-aware"]),
         format!("{:?}", default_profile(index.clone(), 16))
     );
-    for name in router_policy::PEER_PROFILES {
-        let from_code = router_policy::peer_profile(name, index.clone(), 16).unwrap();
+    for name in router_policy::peers::NAMES {
+        let from_code = router_policy::peers::profile(name, index.clone(), 16).unwrap();
         assert_eq!(
             format!("{:?}", from_file[name]),
             format!("{from_code:?}"),

@@ -9,8 +9,8 @@ use router_index::{Index, IndexConfig};
 use router_policy::builtin::{Evictions, Memory, RoutedChains};
 use router_policy::keys::{CACHE_HITS, CHAIN, NOW_MS, PROMPT_TOKENS};
 use router_policy::{
-    Context, Fleet, PEER_PROFILES, PodState, PodStateSink, Profile, Role, default_profile,
-    default_profile_with, peer_profile,
+    Context, Fleet, PodState, PodStateSink, Profile, Role, default_profile, default_profile_with,
+    peers,
 };
 
 const BLOCK: u64 = 16;
@@ -226,11 +226,11 @@ fn approximate_mode_keeps_conversations_on_their_pod() {
 #[test]
 fn peer_profiles_follow_their_own_view_of_the_cache() {
     let chain: Vec<BlockHash> = (0..8).map(|i| BlockHash(300 + i)).collect();
-    for name in PEER_PROFILES {
+    for name in peers::NAMES {
         let c = cluster(4);
         // The index says pod 2 holds the whole chain.
         c.index.store(c.ids[2], Tier::Gpu, &chain).unwrap();
-        let profile = peer_profile(name, c.index.clone(), BLOCK).unwrap();
+        let profile = peers::profile(name, c.index.clone(), BLOCK).unwrap();
         let (pod, _) = route(&c, &profile, &chain, 0);
         match name {
             // Event-fed: the pod the index names.
@@ -241,13 +241,13 @@ fn peer_profiles_follow_their_own_view_of_the_cache() {
             other => panic!("a peer profile without a test: {other}"),
         }
     }
-    assert!(peer_profile("nobody", cluster(1).index, BLOCK).is_none());
+    assert!(peers::profile("nobody", cluster(1).index, BLOCK).is_none());
 }
 
 #[test]
 fn smg_follows_its_tree_until_load_is_imbalanced() {
     let c = cluster(2);
-    let profile = peer_profile("smg-cache-aware", c.index.clone(), BLOCK).unwrap();
+    let profile = peers::profile("smg-cache-aware", c.index.clone(), BLOCK).unwrap();
     let prefix: Vec<BlockHash> = (0..10).map(|i| BlockHash(500 + i)).collect();
     let (home, _) = route(&c, &profile, &sibling(&prefix, 0), 0);
     // The tree matches 10 of 11 blocks (> 0.3): the same worker, while the

@@ -1,16 +1,20 @@
 //! The peer routers' decisions, rebuilt from their published formulas and
-//! defaults so every comparison runs them on the same engines and traces.
+//! defaults so every comparison runs them on the same engines and traces:
+//! kept apart from the production policies ([`crate::builtin`]), and one
+//! name away in a profile ([`profile`], [`NAMES`], [`profiles_toml`]).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 use router_core::PodId;
 
-use super::routed::{Memory, RoutedChains, now_ms};
+use crate::builtin::routed::{Memory, RoutedChains, now_ms};
 use crate::context::{Context, KeyId};
-use crate::keys::{CACHE_HITS, CHAIN};
+use crate::keys::{self, CACHE_HITS, CHAIN};
 use crate::plugin::{Picker, Plugin, Scorer};
 use crate::pod::PodState;
+use crate::{Profile, builtin};
 
 /// What SMG's `cache_aware` policy does when a request matches little.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Deserialize)]
@@ -237,4 +241,77 @@ impl Scorer for PrecisePrefix {
         }
         min_max(out, true);
     }
+}
+
+/// Names accepted by [`profile`].
+pub const NAMES: [&str; 3] = ["dynamo", "smg-cache-aware", "llm-d"];
+
+/// A peer router's decision as a profile, from its published formula and
+/// defaults:
+///
+/// - `dynamo`: Dynamo's KV-router cost ([`builtin::CacheAwareCost`],
+///   overlap weight 1, temperature 0) over the exact index.
+/// - `smg-cache-aware`: SMG's `cache_aware` ([`SmgCacheAware`]),
+///   an approximate tree of what it routed; it reads no index.
+/// - `llm-d`: llm-d's precise-prefix-cache scorer 3, KV-cache utilisation 2
+///   and queue 2 (its well-lit-path weights), max score.
+pub fn profile(
+    name: &str,
+    index: Arc<dyn router_core::PrefixIndex>,
+    block_size: u64,
+) -> Option<Profile> {
+    let b = Profile::builder(name)
+        .input(keys::CHAIN.id())
+        .input(keys::PROMPT_TOKENS.id());
+    let b = match name {
+        "dynamo" => b
+            .prepare(builtin::PrefixMatchPrepare::new(index))
+            .filter(builtin::HealthFilter)
+            .scorer(builtin::CacheAwareCost::new(1.0, block_size), 1.0)
+            .picker(builtin::MaxScore::default()),
+        // It queries the index only so callers can report what its choice
+        // had cached; the tree alone decides.
+        "smg-cache-aware" => b
+            .prepare(builtin::PrefixMatchPrepare::new(index))
+            .filter(builtin::HealthFilter)
+            .picker(SmgCacheAware::new(SmgConfig::default())),
+        "llm-d" => b
+            .prepare(builtin::PrefixMatchPrepare::new(index))
+            .filter(builtin::HealthFilter)
+            .scorer(PrecisePrefix, 3.0)
+            .scorer(KvUtilization, 2.0)
+            .scorer(QueueScorer, 2.0)
+            .picker(builtin::MaxScore::default()),
+        _ => return None,
+    };
+    Some(b.build().expect("the peer profiles are valid")) // each built in a unit test
+}
+
+/// The peers' profiles as config-file tables (what [`profile`] builds in
+/// code): `block_size` is the engines', `filters` every profile's filter
+/// list as inline tables.
+pub fn profiles_toml(block_size: u64, filters: &str) -> String {
+    format!(
+        r#"
+[profiles.dynamo]
+inputs = ["chain", "prompt_tokens"]
+prepare = [{{ type = "prefix-match" }}]
+filters = [{filters}]
+scorers = [{{ type = "cache-aware-cost", weight = 1.0, overlap_weight = 1.0, block_size = {block_size} }}]
+picker = {{ type = "max-score" }}
+
+[profiles.smg-cache-aware]
+inputs = ["chain"]
+prepare = [{{ type = "prefix-match" }}]
+filters = [{filters}]
+picker = {{ type = "smg-cache-aware", cache_threshold = 0.3, balance_abs_threshold = 64, balance_rel_threshold = 1.5 }}
+
+[profiles.llm-d]
+inputs = ["chain"]
+prepare = [{{ type = "prefix-match" }}]
+filters = [{filters}]
+scorers = [{{ type = "precise-prefix", weight = 3.0 }}, {{ type = "kv-utilization", weight = 2.0 }}, {{ type = "queue", weight = 2.0 }}]
+picker = {{ type = "max-score" }}
+"#
+    )
 }
