@@ -28,7 +28,7 @@ pub struct IndexConfig {
     pub sweep_threads: usize,
     /// Below this many blocks a search interval is scanned block by block
     /// instead of halved: a short scan beats the bookkeeping of a partition.
-    pub linear_span: usize,
+    pub(crate) linear_span: usize,
     /// Refuse a store whose named parent ([`Index::store_after`]) the pod
     /// does not hold, with [`Error::UnknownParent`], counted in
     /// [`IndexStats::skipped_unknown_parent`] (as kv-index and Dynamo
@@ -39,13 +39,13 @@ pub struct IndexConfig {
     /// deepest block read as one pair (their misses overlap); shorter ones
     /// read block 0 alone first, since on a trace most short requests
     /// share nothing and a miss there ends the search in one probe.
-    pub paired_opening_from: usize,
+    pub(crate) paired_opening_from: usize,
     /// Chains of at most this many blocks that are not settled by their
     /// opening probes (block 0 and the deepest), and whose pods left to
     /// place outnumber the blocks between, are searched by one scan of
     /// those blocks, read in batches whose misses overlap, where a
     /// partition's probes wait for each other. 0 turns it off.
-    pub short_scan: usize,
+    pub(crate) short_scan: usize,
     /// Distinct blocks the index is expected to hold (0: no guess), as
     /// `HashMap::with_capacity` takes one: every shard's table is made at
     /// once as large as that many blocks spread over the shards would grow
@@ -91,19 +91,28 @@ impl IndexConfig {
         self
     }
 
-    /// Sets [`IndexConfig::linear_span`].
+    /// Sets the `linear_span` search knob (feature `tuning`: for the index's own
+    /// tests and measurements; the default is the measured best, and the
+    /// knob may change or go).
+    #[cfg(any(test, router_loom, feature = "tuning"))]
     pub fn linear_span(mut self, n: usize) -> Self {
         self.linear_span = n;
         self
     }
 
-    /// Sets [`IndexConfig::paired_opening_from`].
+    /// Sets the `paired_opening_from` search knob (feature `tuning`: for the index's own
+    /// tests and measurements; the default is the measured best, and the
+    /// knob may change or go).
+    #[cfg(any(test, router_loom, feature = "tuning"))]
     pub fn paired_opening_from(mut self, blocks: usize) -> Self {
         self.paired_opening_from = blocks;
         self
     }
 
-    /// Sets [`IndexConfig::short_scan`].
+    /// Sets the `short_scan` search knob (feature `tuning`: for the index's own
+    /// tests and measurements; the default is the measured best, and the
+    /// knob may change or go).
+    #[cfg(any(test, router_loom, feature = "tuning"))]
     pub fn short_scan(mut self, blocks: usize) -> Self {
         self.short_scan = blocks;
         self
@@ -509,7 +518,7 @@ enum Step {
 
 impl Step {
     /// The step of a span (`lo < hi`) by its plan; `None` when the span is
-    /// short enough to scan ([`IndexConfig::linear_span`]).
+    /// short enough to scan (the `linear_span` knob).
     #[inline(always)]
     fn of<const W: usize>(s: &Span<W>, linear: u32) -> Option<Step> {
         let plan = if s.idle >= MAX_IDLE {
@@ -1374,9 +1383,11 @@ impl<const W: usize> Index<W> {
         }
     }
 
-    /// The reference answer: every block probed in order. O(P) per block
+    /// The reference answer (feature `tuning`: the oracle of the index's
+    /// own tests): every block probed in order. O(P) per block
     /// instead of O(K log N) per chain; exact, and for chains that are not
     /// prefix-closed it reports each pod's *first* missing block.
+    #[cfg(any(test, router_loom, feature = "tuning"))]
     pub fn match_prefix_linear_into(&self, chain: &[BlockHash], out: &mut PrefixMatch) {
         out.reset(chain.len());
         let g = pin();
@@ -1396,7 +1407,8 @@ impl<const W: usize> Index<W> {
         out.rank();
     }
 
-    /// [`Index::match_prefix_linear_into`] into a fresh result.
+    /// `match_prefix_linear_into` into a fresh result (feature `tuning`).
+    #[cfg(any(test, router_loom, feature = "tuning"))]
     pub fn match_prefix_linear(&self, chain: &[BlockHash]) -> PrefixMatch {
         let mut out = PrefixMatch::new(chain.len());
         self.match_prefix_linear_into(chain, &mut out);

@@ -33,7 +33,7 @@
 //! On cold state a probe's cost is its cache misses, so reads are issued
 //! to overlap them: a pair's two reads are begun before either is
 //! finished, a short chain whose pods outnumber its blocks is scanned in
-//! batches of reads all begun at once ([`IndexConfig::short_scan`]), and a
+//! batches of reads all begun at once (the `short_scan` knob), and a
 //! write prefetches the shards and cells of the blocks ahead of it. A
 //! block's holders live in its 16-byte cell (up to four slots, or a 46-bit
 //! bitmap while every holder's slot is below 46), so only a block held by
@@ -46,7 +46,7 @@
 //!
 //! - **Exact on prefix-closed state**: when each pod's blocks form a prefix
 //!   of the chain, the binary match equals the linear oracle
-//!   ([`Index::match_prefix_linear`]). Otherwise every reported depth `d` is
+//!   (`Index::match_prefix_linear`, feature `tuning`). Otherwise every reported depth `d` is
 //!   still a real boundary: block `d-1` held, block `d` not.
 //! - **Shutdown is immediate**: [`Index::shutdown`] clears the pod's
 //!   bit in the alive bitmap with one atomic operation; every query started
