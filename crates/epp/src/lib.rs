@@ -1,0 +1,620 @@
+//! cache-router as an endpoint picker (EPP) for Envoy: the Gateway API
+//! Inference Extension's endpoint-picker protocol (v1) over Envoy's
+//! external processing, one front over [`router_service::Router`].
+//!
+//! # The protocol
+//!
+//! Envoy's `ext_proc` filter opens one `ExternalProcessor/Process` stream
+//! per HTTP request and sends its headers, its body (buffered: the filter's
+//! `request_body_mode: BUFFERED`) and the response's headers and body
+//! (`response_body_mode: STREAMED`). The picker answers:
+//!
+//! - request headers: continue, with any client-sent
+//!   `x-gateway-destination-endpoint` removed (the client does not choose);
+//! - request body: the request is parsed as OpenAI's completions or chat,
+//!   tokenized and decided by the router ([`Router::pick_among`], among the
+//!   `ip:port`s of the `envoy.lb.subset_hint` metadata when Envoy sends
+//!   one); the answer sets `x-gateway-destination-endpoint: ip:port` as a
+//!   header and in the `envoy.lb` dynamic metadata, and clears the route
+//!   cache. A request the router refuses gets an immediate response: 400 or
+//!   404 in OpenAI's shape, 503 when no pod can take it;
+//! - response headers: continue, adding `x-cache-router-pod` and
+//!   `x-cache-router-predicted-cached-tokens` (what the index predicted);
+//! - response body: the first chunk ends the pod's queued prefill, the
+//!   usage (`usage.prompt_tokens_details.cached_tokens`, in the whole body
+//!   or in the stream's usage chunk) is compared with the prediction, and
+//!   the end of the stream ends the pick's load.
+//!
+//! The load a pick holds is counted from the request body to the end of the
+//! response; a stream that ends early (Envoy gave up, the client left)
+//! drops it, which gives the load back. Bodies are bounded
+//! ([`EppConfig::max_body_bytes`], [`EppConfig::max_response_bytes`]): a
+//! larger request is refused with 413, a larger whole response is passed on
+//! without reading its usage.
+//!
+//! Paths other than the two generation endpoints (`/v1/models`, say) go to
+//! any healthy pod. gRPC health answers for `liveness`, `readiness` (a pod
+//! answering) and `envoy.service.ext_proc.v3.ExternalProcessor`.
+#![forbid(unsafe_code)]
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use envoy_types::pb::envoy::config::core::v3::{HeaderValue, HeaderValueOption, Metadata};
+use envoy_types::pb::envoy::r#type::v3::{HttpStatus, StatusCode};
+use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::{
+    ExternalProcessor, ExternalProcessorServer,
+};
+use envoy_types::pb::envoy::service::ext_proc::v3::processing_request::Request as In;
+use envoy_types::pb::envoy::service::ext_proc::v3::processing_response::Response as Out;
+use envoy_types::pb::envoy::service::ext_proc::v3::{
+    BodyResponse, CommonResponse, HeaderMutation, HeadersResponse, HttpBody, HttpHeaders,
+    ImmediateResponse, ProcessingRequest, ProcessingResponse, TrailersResponse,
+};
+use envoy_types::pb::google::protobuf::{Struct, Value, value::Kind};
+use futures::Stream;
+use router_service::openai::{self, Api, ApiError};
+use router_service::{Pick, Refusal, Request, Router, SseDecoder};
+use tonic::{Status, Streaming};
+
+/// The header (and `envoy.lb` metadata key) naming the chosen endpoint.
+pub const DESTINATION_HEADER: &str = "x-gateway-destination-endpoint";
+/// The metadata namespace of the subset hint.
+pub const SUBSET_NAMESPACE: &str = "envoy.lb.subset_hint";
+/// The subset hint's key: the `ip:port`s the picker may choose from.
+pub const SUBSET_KEY: &str = "x-gateway-destination-endpoint-subset";
+/// The metadata namespace of the decision.
+pub const LB_NAMESPACE: &str = "envoy.lb";
+/// Header naming the pod chosen, added to the response.
+pub const POD_HEADER: &str = "x-cache-router-pod";
+/// Header with the cached tokens the index predicted, added to the response.
+pub const PREDICTED_HEADER: &str = "x-cache-router-predicted-cached-tokens";
+/// The gRPC service name Envoy's health check asks for.
+pub const EXT_PROC_SERVICE: &str = "envoy.service.ext_proc.v3.ExternalProcessor";
+
+/// What the picker accepts.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct EppConfig {
+    /// The largest request body read (413 above it).
+    pub max_body_bytes: usize,
+    /// The largest whole (not streamed) response read for its usage;
+    /// larger ones pass without it.
+    pub max_response_bytes: usize,
+    /// The request header naming a session (session affinity); the
+    /// body's `user` serves when it is absent.
+    pub session_header: String,
+}
+
+impl Default for EppConfig {
+    fn default() -> Self {
+        EppConfig {
+            max_body_bytes: 8 << 20,
+            max_response_bytes: 4 << 20,
+            session_header: "x-session-id".into(),
+        }
+    }
+}
+
+/// The endpoint picker: an `ExternalProcessor` over a [`Router`].
+#[derive(Clone, Debug)]
+pub struct Epp {
+    router: Router,
+    config: Arc<EppConfig>,
+}
+
+impl Epp {
+    /// A picker deciding with `router`.
+    pub fn new(router: Router, config: EppConfig) -> Self {
+        Epp {
+            router,
+            config: Arc::new(config),
+        }
+    }
+
+    /// Serves the picker and gRPC health on `listener` until `shutdown`
+    /// resolves; readiness follows the router's health (checked every
+    /// second).
+    pub async fn serve(
+        self,
+        listener: tokio::net::TcpListener,
+        shutdown: impl std::future::Future<Output = ()> + Send,
+    ) -> Result<(), tonic::transport::Error> {
+        let (reporter, health) = tonic_health::server::health_reporter();
+        let router = self.router.clone();
+        let ready = tokio::spawn(async move {
+            loop {
+                let h = router.health();
+                let status = if h.probed && h.answering > 0 {
+                    tonic_health::ServingStatus::Serving
+                } else {
+                    tonic_health::ServingStatus::NotServing
+                };
+                reporter.set_service_status("liveness", tonic_health::ServingStatus::Serving).await;
+                reporter.set_service_status("readiness", status).await;
+                reporter.set_service_status(EXT_PROC_SERVICE, status).await;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        });
+        let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+        let served = tonic::transport::Server::builder()
+            .add_service(health)
+            .add_service(ExternalProcessorServer::new(self))
+            .serve_with_incoming_shutdown(incoming, shutdown)
+            .await;
+        ready.abort();
+        served
+    }
+
+    /// Binds `addr` and serves ([`Epp::serve`]) until the process ends.
+    pub async fn serve_on(self, addr: SocketAddr) -> Result<(), Box<dyn std::error::Error>> {
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        self.serve(listener, std::future::pending()).await?;
+        Ok(())
+    }
+}
+
+type Responses = Pin<Box<dyn Stream<Item = Result<ProcessingResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl ExternalProcessor for Epp {
+    type ProcessStream = Responses;
+
+    async fn process(
+        &self,
+        request: tonic::Request<Streaming<ProcessingRequest>>,
+    ) -> Result<tonic::Response<Self::ProcessStream>, Status> {
+        let inbound = request.into_inner();
+        let exchange = Exchange::new(self.router.clone(), self.config.clone());
+        let out = futures::stream::unfold(
+            (inbound, exchange),
+            |(mut inbound, mut exchange)| async move {
+                match inbound.message().await {
+                    Ok(Some(msg)) => {
+                        let reply = exchange.handle(msg).await;
+                        Some((Ok(reply), (inbound, exchange)))
+                    }
+                    // The stream ended (the request is over, or Envoy gave
+                    // up): the exchange drops, and so does its pick's load.
+                    Ok(None) | Err(_) => None,
+                }
+            },
+        );
+        Ok(tonic::Response::new(Box::pin(out)))
+    }
+}
+
+/// One HTTP request's exchange with Envoy.
+struct Exchange {
+    router: Router,
+    config: Arc<EppConfig>,
+    path: String,
+    session: Option<String>,
+    subset: Option<Vec<String>>,
+    body: Vec<u8>,
+    pick: Option<Pick>,
+    /// The answer's label for metrics (`chat`, `completions`).
+    label: &'static str,
+    streamed: bool,
+    status: u16,
+    first_chunk_seen: bool,
+    sse: SseDecoder,
+    whole: Option<Vec<u8>>,
+}
+
+impl Exchange {
+    fn new(router: Router, config: Arc<EppConfig>) -> Self {
+        Exchange {
+            router,
+            path: String::new(),
+            session: None,
+            subset: None,
+            body: Vec::new(),
+            pick: None,
+            label: "other",
+            streamed: false,
+            status: 0,
+            first_chunk_seen: false,
+            sse: SseDecoder::new(config.max_response_bytes).max_event(config.max_response_bytes),
+            whole: Some(Vec::new()),
+            config,
+        }
+    }
+
+    async fn handle(&mut self, msg: ProcessingRequest) -> ProcessingResponse {
+        if let Some(hint) = subset_hint(msg.metadata_context.as_ref()) {
+            self.subset = Some(hint);
+        }
+        match msg.request {
+            Some(In::RequestHeaders(h)) => self.request_headers(&h),
+            Some(In::RequestBody(b)) => self.request_body(b).await,
+            Some(In::ResponseHeaders(h)) => self.response_headers(&h),
+            Some(In::ResponseBody(b)) => self.response_body(&b),
+            Some(In::RequestTrailers(_)) => reply(Out::RequestTrailers(TrailersResponse::default())),
+            Some(In::ResponseTrailers(_)) => {
+                reply(Out::ResponseTrailers(TrailersResponse::default()))
+            }
+            None => reply(Out::RequestHeaders(HeadersResponse::default())),
+        }
+    }
+
+    fn request_headers(&mut self, h: &HttpHeaders) -> ProcessingResponse {
+        self.path = header(h, ":path").unwrap_or_default();
+        self.session = header(h, &self.config.session_header);
+        let mut common = CommonResponse {
+            header_mutation: Some(HeaderMutation {
+                remove_headers: vec![DESTINATION_HEADER.into()],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        if h.end_of_stream {
+            // No body follows: not a generation; any healthy pod serves it.
+            match self.any_endpoint() {
+                Some(ep) => {
+                    common = destination(&ep);
+                    return with_metadata(reply(Out::RequestHeaders(response(common))), &ep);
+                }
+                None => return immediate(&no_pod()),
+            }
+        }
+        reply(Out::RequestHeaders(response(common)))
+    }
+
+    async fn request_body(&mut self, b: HttpBody) -> ProcessingResponse {
+        if self.body.len() + b.body.len() > self.config.max_body_bytes {
+            let e = ApiError::new(
+                413,
+                "invalid_request_error",
+                "request_too_large",
+                format!(
+                    "the request body is larger than {} bytes",
+                    self.config.max_body_bytes
+                ),
+            );
+            self.router.metrics().error("body_too_large");
+            return immediate(&e);
+        }
+        self.body.extend_from_slice(&b.body);
+        if !b.end_of_stream {
+            return reply(Out::RequestBody(BodyResponse::default()));
+        }
+        let route = self.path.split('?').next().unwrap_or_default();
+        let api = match route {
+            "/v1/completions" => Api::Completions,
+            "/v1/chat/completions" => Api::Chat,
+            _ => {
+                return match self.any_endpoint() {
+                    Some(ep) => with_metadata(reply(Out::RequestBody(body_response(destination(&ep)))), &ep),
+                    None => immediate(&no_pod()),
+                };
+            }
+        };
+        self.label = api.label();
+        match self.pick(api).await {
+            Ok(pick) => {
+                let ep = endpoint_of(&pick.url).unwrap_or_default();
+                self.pick = Some(pick);
+                with_metadata(reply(Out::RequestBody(body_response(destination(&ep)))), &ep)
+            }
+            Err(r) => {
+                let m = self.router.metrics();
+                m.error(r.kind);
+                m.request(self.label, r.error.status);
+                immediate(&r.error)
+            }
+        }
+    }
+
+    async fn pick(&mut self, api: Api) -> Result<Pick, Refusal> {
+        let body = std::mem::take(&mut self.body);
+        let mut request =
+            Request::from_openai(api, &body).map_err(|e| Refusal::new("bad_request", e))?;
+        if let Some(s) = &self.session {
+            request = request.with_session(s.clone());
+        }
+        self.streamed = request.is_stream();
+        match self.subset.clone() {
+            Some(allowed) => {
+                self.router
+                    .pick_among(request, |url| {
+                        endpoint_of(url).is_some_and(|ep| allowed.contains(&ep))
+                    })
+                    .await
+            }
+            None => self.router.pick(request).await,
+        }
+    }
+
+    fn response_headers(&mut self, h: &HttpHeaders) -> ProcessingResponse {
+        self.status = header(h, ":status")
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        let mut set = Vec::new();
+        if let Some(p) = &self.pick {
+            set.push(set_header(POD_HEADER, &p.pod));
+            set.push(set_header(
+                PREDICTED_HEADER,
+                &p.predicted_cached_tokens.to_string(),
+            ));
+        }
+        if h.end_of_stream {
+            self.finish();
+        }
+        reply(Out::ResponseHeaders(response(CommonResponse {
+            header_mutation: Some(HeaderMutation {
+                set_headers: set,
+                ..Default::default()
+            }),
+            ..Default::default()
+        })))
+    }
+
+    fn response_body(&mut self, b: &HttpBody) -> ProcessingResponse {
+        if let Some(p) = &mut self.pick {
+            if !std::mem::replace(&mut self.first_chunk_seen, true) {
+                p.first_token();
+            }
+            if self.streamed {
+                let mut events = Vec::new();
+                // An over-long event or line ends the reading of usage, not
+                // the answer.
+                if self.sse.feed(&b.body, &mut events).is_ok() {
+                    for e in events {
+                        if let Some(c) = cached_of(e.as_bytes()) {
+                            p.cached_tokens(c);
+                        }
+                    }
+                }
+            } else if let Some(whole) = &mut self.whole {
+                if whole.len() + b.body.len() <= self.config.max_response_bytes {
+                    whole.extend_from_slice(&b.body);
+                } else {
+                    self.whole = None;
+                }
+            }
+        }
+        if b.end_of_stream {
+            if let (Some(p), Some(whole), false) = (&mut self.pick, &self.whole, self.streamed)
+                && let Some(c) = cached_of(whole)
+            {
+                p.cached_tokens(c);
+            }
+            self.finish();
+        }
+        reply(Out::ResponseBody(BodyResponse::default()))
+    }
+
+    /// The response ended: the pick's load ends, the answer is counted.
+    fn finish(&mut self) {
+        if let Some(p) = self.pick.take() {
+            let m = self.router.metrics();
+            m.request(self.label, self.status);
+            m.pod_request(&p.pod, self.status);
+            p.finish((200..500).contains(&self.status));
+        }
+    }
+
+    /// A healthy pod's endpoint, for requests the router does not decide.
+    fn any_endpoint(&self) -> Option<String> {
+        self.router
+            .pods()
+            .into_iter()
+            .filter(|p| p.healthy && p.in_index)
+            .filter_map(|p| endpoint_of(&p.config.url))
+            .find(|ep| self.subset.as_ref().is_none_or(|s| s.contains(ep)))
+    }
+}
+
+/// `host:port` of a pod's base URL (`http://10.0.0.7:8000` -> `10.0.0.7:8000`).
+pub fn endpoint_of(url: &str) -> Option<String> {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let host = rest.split('/').next()?;
+    if host.is_empty() {
+        return None;
+    }
+    if host.contains(':') && !host.ends_with(']') {
+        Some(host.to_owned())
+    } else if url.starts_with("https://") {
+        Some(format!("{host}:443"))
+    } else {
+        Some(format!("{host}:80"))
+    }
+}
+
+/// The cached tokens of a response body or stream chunk, if it reports
+/// usage.
+fn cached_of(json: &[u8]) -> Option<u64> {
+    let v: serde_json::Value = serde_json::from_slice(json).ok()?;
+    let (_, cached) = openai::usage_of(&v)?;
+    Some(cached.unwrap_or(0))
+}
+
+/// The `ip:port`s of the subset hint, if the request carries one.
+fn subset_hint(meta: Option<&Metadata>) -> Option<Vec<String>> {
+    let hint = meta?.filter_metadata.get(SUBSET_NAMESPACE)?;
+    let list = match &hint.fields.get(SUBSET_KEY)?.kind {
+        Some(Kind::ListValue(l)) => l
+            .values
+            .iter()
+            .filter_map(|v| match &v.kind {
+                Some(Kind::StringValue(s)) => Some(s.clone()),
+                _ => None,
+            })
+            .collect(),
+        Some(Kind::StringValue(s)) => s.split(',').map(|e| e.trim().to_owned()).collect(),
+        _ => return None,
+    };
+    Some(list)
+}
+
+/// A header's value (Envoy sends `raw_value` bytes; older ones `value`).
+fn header(h: &HttpHeaders, name: &str) -> Option<String> {
+    h.headers.as_ref()?.headers.iter().find_map(|v| {
+        if !v.key.eq_ignore_ascii_case(name) {
+            return None;
+        }
+        if v.raw_value.is_empty() {
+            Some(v.value.clone())
+        } else {
+            String::from_utf8(v.raw_value.clone()).ok()
+        }
+    })
+}
+
+fn set_header(key: &str, value: &str) -> HeaderValueOption {
+    HeaderValueOption {
+        header: Some(HeaderValue {
+            key: key.into(),
+            raw_value: value.as_bytes().to_vec(),
+            ..Default::default()
+        }),
+        // OVERWRITE_IF_EXISTS_OR_ADD
+        append_action: 2,
+        ..Default::default()
+    }
+}
+
+/// The decision as a header mutation: the destination set (and a
+/// client's removed), the route cache cleared.
+fn destination(endpoint: &str) -> CommonResponse {
+    CommonResponse {
+        header_mutation: Some(HeaderMutation {
+            set_headers: vec![set_header(DESTINATION_HEADER, endpoint)],
+            ..Default::default()
+        }),
+        clear_route_cache: true,
+        ..Default::default()
+    }
+}
+
+fn response(common: CommonResponse) -> HeadersResponse {
+    HeadersResponse {
+        response: Some(common),
+    }
+}
+
+fn body_response(common: CommonResponse) -> BodyResponse {
+    BodyResponse {
+        response: Some(common),
+    }
+}
+
+fn reply(out: Out) -> ProcessingResponse {
+    ProcessingResponse {
+        response: Some(out),
+        ..Default::default()
+    }
+}
+
+/// The decision in the `envoy.lb` dynamic metadata too.
+fn with_metadata(mut r: ProcessingResponse, endpoint: &str) -> ProcessingResponse {
+    let string = |s: &str| Value {
+        kind: Some(Kind::StringValue(s.into())),
+    };
+    let lb = Struct {
+        fields: [(DESTINATION_HEADER.to_owned(), string(endpoint))].into(),
+    };
+    r.dynamic_metadata = Some(Struct {
+        fields: [(
+            LB_NAMESPACE.to_owned(),
+            Value {
+                kind: Some(Kind::StructValue(lb)),
+            },
+        )]
+        .into(),
+    });
+    r
+}
+
+fn no_pod() -> ApiError {
+    ApiError::new(
+        503,
+        "service_unavailable",
+        "no_healthy_pod",
+        "no pod can take the request".into(),
+    )
+}
+
+/// An answer Envoy sends the client instead of routing: `error`'s status
+/// and JSON body.
+fn immediate(error: &ApiError) -> ProcessingResponse {
+    let code = StatusCode::try_from(i32::from(error.status)).unwrap_or(StatusCode::InternalServerError);
+    reply(Out::ImmediateResponse(ImmediateResponse {
+        status: Some(HttpStatus { code: code as i32 }),
+        headers: Some(HeaderMutation {
+            set_headers: vec![set_header("content-type", "application/json")],
+            ..Default::default()
+        }),
+        body: error.body().to_string().into_bytes(),
+        details: format!("cache_router_{}", error.code.unwrap_or("refused")),
+        ..Default::default()
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_are_host_and_port() {
+        assert_eq!(
+            endpoint_of("http://10.0.0.7:8000").as_deref(),
+            Some("10.0.0.7:8000")
+        );
+        assert_eq!(
+            endpoint_of("http://engine.local/v1").as_deref(),
+            Some("engine.local:80")
+        );
+        assert_eq!(
+            endpoint_of("https://engine.local").as_deref(),
+            Some("engine.local:443")
+        );
+        assert_eq!(endpoint_of("http://").as_deref(), None);
+    }
+
+    #[test]
+    fn the_subset_hint_is_read_as_a_list_or_a_comma_string() {
+        let meta = |v: Value| Metadata {
+            filter_metadata: [(
+                SUBSET_NAMESPACE.to_owned(),
+                Struct {
+                    fields: [(SUBSET_KEY.to_owned(), v)].into(),
+                },
+            )]
+            .into(),
+            ..Default::default()
+        };
+        let s = |x: &str| Value {
+            kind: Some(Kind::StringValue(x.into())),
+        };
+        let list = Value {
+            kind: Some(Kind::ListValue(envoy_types::pb::google::protobuf::ListValue {
+                values: vec![s("1.2.3.4:80"), s("5.6.7.8:80")],
+            })),
+        };
+        assert_eq!(
+            subset_hint(Some(&meta(list))),
+            Some(vec!["1.2.3.4:80".into(), "5.6.7.8:80".into()])
+        );
+        assert_eq!(
+            subset_hint(Some(&meta(s("1.2.3.4:80, 5.6.7.8:80")))),
+            Some(vec!["1.2.3.4:80".into(), "5.6.7.8:80".into()])
+        );
+        assert_eq!(subset_hint(None), None);
+        assert_eq!(subset_hint(Some(&Metadata::default())), None);
+    }
+
+    #[test]
+    fn a_refusal_is_an_immediate_response_with_its_status_and_body() {
+        let r = immediate(&ApiError::unknown_model("x"));
+        let Some(Out::ImmediateResponse(i)) = r.response else {
+            panic!("{r:?}")
+        };
+        assert_eq!(i.status.unwrap().code, 404);
+        let body: serde_json::Value = serde_json::from_slice(&i.body).unwrap();
+        assert_eq!(body["error"]["code"], "model_not_found");
+    }
+}
