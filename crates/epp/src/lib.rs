@@ -43,7 +43,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::config::core::v3::{HeaderValue, HeaderValueOption, Metadata};
-use envoy_types::pb::envoy::r#type::v3::{HttpStatus, StatusCode};
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::{
     ExternalProcessor, ExternalProcessorServer,
 };
@@ -53,6 +52,7 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
     BodyResponse, CommonResponse, HeaderMutation, HeadersResponse, HttpBody, HttpHeaders,
     ImmediateResponse, ProcessingRequest, ProcessingResponse, TrailersResponse,
 };
+use envoy_types::pb::envoy::r#type::v3::{HttpStatus, StatusCode};
 use envoy_types::pb::google::protobuf::{Struct, Value, value::Kind};
 use futures::Stream;
 use router_service::openai::{self, Api, ApiError};
@@ -132,13 +132,16 @@ impl Epp {
                 } else {
                     tonic_health::ServingStatus::NotServing
                 };
-                reporter.set_service_status("liveness", tonic_health::ServingStatus::Serving).await;
+                reporter
+                    .set_service_status("liveness", tonic_health::ServingStatus::Serving)
+                    .await;
                 reporter.set_service_status("readiness", status).await;
                 reporter.set_service_status(EXT_PROC_SERVICE, status).await;
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
         });
-        let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+        let incoming =
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
         let served = tonic::transport::Server::builder()
             .add_service(health)
             .add_service(ExternalProcessorServer::new(self))
@@ -232,7 +235,9 @@ impl Exchange {
             Some(In::RequestBody(b)) => self.request_body(b).await,
             Some(In::ResponseHeaders(h)) => self.response_headers(&h),
             Some(In::ResponseBody(b)) => self.response_body(&b),
-            Some(In::RequestTrailers(_)) => reply(Out::RequestTrailers(TrailersResponse::default())),
+            Some(In::RequestTrailers(_)) => {
+                reply(Out::RequestTrailers(TrailersResponse::default()))
+            }
             Some(In::ResponseTrailers(_)) => {
                 reply(Out::ResponseTrailers(TrailersResponse::default()))
             }
@@ -287,7 +292,10 @@ impl Exchange {
             "/v1/chat/completions" => Api::Chat,
             _ => {
                 return match self.any_endpoint() {
-                    Some(ep) => with_metadata(reply(Out::RequestBody(body_response(destination(&ep)))), &ep),
+                    Some(ep) => with_metadata(
+                        reply(Out::RequestBody(body_response(destination(&ep)))),
+                        &ep,
+                    ),
                     None => immediate(&no_pod()),
                 };
             }
@@ -297,7 +305,10 @@ impl Exchange {
             Ok(pick) => {
                 let ep = endpoint_of(&pick.url).unwrap_or_default();
                 self.pick = Some(pick);
-                with_metadata(reply(Out::RequestBody(body_response(destination(&ep)))), &ep)
+                with_metadata(
+                    reply(Out::RequestBody(body_response(destination(&ep)))),
+                    &ep,
+                )
             }
             Err(r) => {
                 let m = self.router.metrics();
@@ -541,7 +552,8 @@ fn no_pod() -> ApiError {
 /// An answer Envoy sends the client instead of routing: `error`'s status
 /// and JSON body.
 fn immediate(error: &ApiError) -> ProcessingResponse {
-    let code = StatusCode::try_from(i32::from(error.status)).unwrap_or(StatusCode::InternalServerError);
+    let code =
+        StatusCode::try_from(i32::from(error.status)).unwrap_or(StatusCode::InternalServerError);
     reply(Out::ImmediateResponse(ImmediateResponse {
         status: Some(HttpStatus { code: code as i32 }),
         headers: Some(HeaderMutation {
@@ -591,9 +603,11 @@ mod tests {
             kind: Some(Kind::StringValue(x.into())),
         };
         let list = Value {
-            kind: Some(Kind::ListValue(envoy_types::pb::google::protobuf::ListValue {
-                values: vec![s("1.2.3.4:80"), s("5.6.7.8:80")],
-            })),
+            kind: Some(Kind::ListValue(
+                envoy_types::pb::google::protobuf::ListValue {
+                    values: vec![s("1.2.3.4:80"), s("5.6.7.8:80")],
+                },
+            )),
         };
         assert_eq!(
             subset_hint(Some(&meta(list))),
