@@ -1,0 +1,198 @@
+//! The picker over a real gRPC stream (tonic's client, as Envoy's ext_proc
+//! filter would talk): the subset hint, a stream abandoned after the pick,
+//! and the health service.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use envoy_types::pb::envoy::config::core::v3::{HeaderMap, HeaderValue, Metadata};
+use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_client::ExternalProcessorClient;
+use envoy_types::pb::envoy::service::ext_proc::v3::processing_request::Request as In;
+use envoy_types::pb::envoy::service::ext_proc::v3::processing_response::Response as Out;
+use envoy_types::pb::envoy::service::ext_proc::v3::{HttpBody, HttpHeaders, ProcessingRequest};
+use envoy_types::pb::google::protobuf::{ListValue, Struct, Value, value::Kind};
+use router_epp::{DESTINATION_HEADER, Epp, EppConfig, SUBSET_KEY, SUBSET_NAMESPACE};
+use router_service::{Config, Router};
+use router_sim_engine::SimEngine;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+const MODEL: &str = "Qwen/Qwen3-0.6B";
+
+async fn setup(engines: usize) -> (Router, Vec<SimEngine>, String) {
+    let text = format!(
+        "[gateway]\nmodel = \"{MODEL}\"\ntokenizer = \"../../assets/tokenizers/qwen3\"\n\
+         health_interval_ms = 100\n\n[simulated]\nengines = {engines}\ntime_scale = 0.1\n"
+    );
+    let mut config = Config::parse(&text, Path::new(env!("CARGO_MANIFEST_DIR"))).unwrap();
+    let sims = router_sim_engine::start_engines(&mut config).unwrap();
+    let router = Router::start(config).await.unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(
+        Epp::new(router.clone(), EppConfig::default()).serve(listener, std::future::pending()),
+    );
+    (router, sims, url)
+}
+
+fn headers(path: &str, end: bool) -> ProcessingRequest {
+    let h = |k: &str, v: &str| HeaderValue {
+        key: k.into(),
+        raw_value: v.as_bytes().to_vec(),
+        ..Default::default()
+    };
+    ProcessingRequest {
+        request: Some(In::RequestHeaders(HttpHeaders {
+            headers: Some(HeaderMap {
+                headers: vec![
+                    h(":path", path),
+                    h(":method", "POST"),
+                    h(DESTINATION_HEADER, "6.6.6.6:1"),
+                ],
+            }),
+            end_of_stream: end,
+            ..Default::default()
+        })),
+        ..Default::default()
+    }
+}
+
+fn body(json: &str, subset: Option<&[String]>) -> ProcessingRequest {
+    let metadata_context = subset.map(|s| Metadata {
+        filter_metadata: [(
+            SUBSET_NAMESPACE.to_owned(),
+            Struct {
+                fields: [(
+                    SUBSET_KEY.to_owned(),
+                    Value {
+                        kind: Some(Kind::ListValue(ListValue {
+                            values: s
+                                .iter()
+                                .map(|e| Value {
+                                    kind: Some(Kind::StringValue(e.clone())),
+                                })
+                                .collect(),
+                        })),
+                    },
+                )]
+                .into(),
+            },
+        )]
+        .into(),
+        ..Default::default()
+    });
+    ProcessingRequest {
+        metadata_context,
+        request: Some(In::RequestBody(HttpBody {
+            body: json.as_bytes().to_vec(),
+            end_of_stream: true,
+            ..Default::default()
+        })),
+        ..Default::default()
+    }
+}
+
+/// One exchange up to the decision: the response to the headers and to
+/// the body; the stream's sender is returned to keep it open.
+async fn decide(
+    url: &str,
+    json: &str,
+    subset: Option<&[String]>,
+) -> (
+    Out,
+    Out,
+    mpsc::Sender<ProcessingRequest>,
+    tonic::Streaming<envoy_types::pb::envoy::service::ext_proc::v3::ProcessingResponse>,
+) {
+    let mut client = ExternalProcessorClient::connect(url.to_owned())
+        .await
+        .unwrap();
+    let (tx, rx) = mpsc::channel(4);
+    tx.send(headers("/v1/chat/completions", false))
+        .await
+        .unwrap();
+    let mut replies = client
+        .process(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let first = replies.message().await.unwrap().unwrap().response.unwrap();
+    tx.send(body(json, subset)).await.unwrap();
+    let second = replies.message().await.unwrap().unwrap().response.unwrap();
+    (first, second, tx, replies)
+}
+
+fn destination(out: &Out) -> Option<String> {
+    let Out::RequestBody(b) = out else {
+        return None;
+    };
+    let m = b.response.as_ref()?.header_mutation.as_ref()?;
+    m.set_headers.iter().find_map(|h| {
+        let h = h.header.as_ref()?;
+        (h.key == DESTINATION_HEADER).then(|| String::from_utf8(h.raw_value.clone()).unwrap())
+    })
+}
+
+fn chat_json(words: usize) -> String {
+    let text: String = (0..words).map(|i| format!("w{i} ")).collect();
+    format!(r#"{{"model": "{MODEL}", "messages": [{{"role": "user", "content": "{text}"}}]}}"#)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_subset_hint_bounds_the_choice_and_an_empty_one_is_503() {
+    let (router, engines, url) = setup(3).await;
+    let only = vec![router_epp::endpoint_of(engines[1].url()).unwrap()];
+    for _ in 0..4 {
+        let (first, second, _tx, _rx) = decide(&url, &chat_json(30), Some(&only)).await;
+        let Out::RequestHeaders(h) = first else {
+            panic!("{first:?}")
+        };
+        let removed = &h.response.unwrap().header_mutation.unwrap().remove_headers;
+        assert_eq!(
+            removed,
+            &vec![DESTINATION_HEADER.to_owned()],
+            "the client's choice is removed"
+        );
+        assert_eq!(destination(&second).as_deref(), Some(only[0].as_str()));
+    }
+    let nowhere = vec!["10.9.9.9:80".to_owned()];
+    let (_, second, _tx, _rx) = decide(&url, &chat_json(30), Some(&nowhere)).await;
+    let Out::ImmediateResponse(i) = second else {
+        panic!("{second:?}")
+    };
+    assert_eq!(i.status.unwrap().code, 503);
+    drop(router);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_stream_gives_its_pods_load_back() {
+    let (router, _engines, url) = setup(2).await;
+    let in_flight = |r: &Router| -> f64 {
+        r.metrics_text()
+            .lines()
+            .filter(|l| l.starts_with("cache_router_pod_in_flight{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let mut open = Vec::new();
+    for _ in 0..5 {
+        let (_, second, tx, rx) = decide(&url, &chat_json(10), None).await;
+        assert!(destination(&second).is_some(), "{second:?}");
+        open.push((tx, rx));
+    }
+    assert_eq!(in_flight(&router), 5.0, "each pick holds its pod's load");
+    // Envoy (or the client) goes away without a response.
+    drop(open);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while in_flight(&router) != 0.0 {
+        assert!(Instant::now() < deadline, "the load stays held");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // A malformed body is a 400, and holds nothing.
+    let (_, second, _tx, _rx) = decide(&url, "{not json", None).await;
+    let Out::ImmediateResponse(i) = second else {
+        panic!("{second:?}")
+    };
+    assert_eq!(i.status.unwrap().code, 400);
+    assert_eq!(in_flight(&router), 0.0);
+}
