@@ -61,6 +61,8 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
         // The gateway is one front over the Router: HTTP and OpenAI's API
         // only, no layer crate named, no simulation code.
         ("router-gateway", &["router-service"][..]),
+        // The endpoint picker for Envoy: another front over the Router.
+        ("router-epp", &["router-service"][..]),
         // Simulated engines sit on top: they serve the gateway's API.
         (
             "router-sim-engine",
@@ -76,7 +78,7 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
         // when the configuration asks for them.
         (
             "cache-router-cli",
-            &["router-gateway", "router-sim-engine"][..],
+            &["router-epp", "router-gateway", "router-sim-engine"][..],
         ),
         ("router-bench", &["router-core", "router-index"][..]),
         ("router-test-support", &["router-core", "router-exec"][..]),

@@ -8,6 +8,7 @@
 //! cache-router --config my.toml                # your engines (see the README)
 //! cache-router --replicas 2 --nats nats://127.0.0.1:4222
 //!                                     # two replicas on :8000 and :8001 sharing state over NATS
+//! cache-router --epp 127.0.0.1:9002            # also Envoy's endpoint picker (deploy/envoy/)
 //! curl -s localhost:8000/v1/chat/completions -H 'content-type: application/json' \
 //!   -d '{"model":"Qwen/Qwen3-0.6B","messages":[{"role":"user","content":"Hi"}]}'
 //! ```
@@ -48,6 +49,11 @@ struct Args {
     /// `[nats]` table).
     #[arg(long, default_value_t = 1)]
     replicas: usize,
+    /// Also serve the router as an endpoint picker for Envoy (ext_proc
+    /// gRPC, the Gateway API Inference Extension's protocol) on this
+    /// address; Envoy's configuration is deploy/envoy/envoy.yaml.
+    #[arg(long)]
+    epp: Option<std::net::SocketAddr>,
 }
 
 fn load(args: &Args) -> Result<Config, router_gateway::Error> {
@@ -153,6 +159,25 @@ async fn main() {
     println!(
         "POST /v1/chat/completions, /v1/completions; GET /v1/models, /health, /metrics, /admin/pods"
     );
+    if let Some(addr) = args.epp {
+        let listener = match tokio::net::TcpListener::bind(addr).await {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!("cache-router: cannot listen on {addr} for the endpoint picker: {e}");
+                std::process::exit(1);
+            }
+        };
+        let epp = router_epp::Epp::new(
+            gateways[0].router().clone(),
+            router_epp::EppConfig::default(),
+        );
+        tokio::spawn(async move {
+            if let Err(e) = epp.serve(listener, std::future::pending()).await {
+                eprintln!("cache-router: the endpoint picker stopped: {e}");
+            }
+        });
+        println!("endpoint picker (Envoy ext_proc) on {addr}");
+    }
     let _ = tokio::signal::ctrl_c().await;
     println!("cache-router: stopping");
 }
