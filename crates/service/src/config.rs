@@ -149,6 +149,12 @@ pub struct GatewayConfig {
     /// engine); past it, it leaves the index and rejoins empty.
     #[serde(default = "default_unhealthy_grace")]
     pub unhealthy_grace_ms: u64,
+    /// Watch the configuration file: when it changes, its `[[pods]]` are
+    /// applied (as `POST /admin/reload` does), checked this often, in ms.
+    /// 0 (the default): not watched. A pod list kept in a file that a
+    /// deployment rewrites (a Kubernetes ConfigMap, say) is followed this way.
+    #[serde(default)]
+    pub watch_pods_ms: u64,
     /// Approximate mode, for pods without `events`: how long a chain routed
     /// to such a pod counts as cached there, in ms.
     #[serde(default = "default_approx_ttl")]

@@ -712,7 +712,7 @@ impl Router {
         let probe_client = crate::backend::engine_client(extra_ca.as_deref())
             .and_then(reqwest::ClientBuilder::build)
             .map_err(|e| client_error("probe client", &e))?;
-        let tasks = vec![tokio::spawn(probe_loop(
+        let mut tasks = vec![tokio::spawn(probe_loop(
             pods.clone(),
             probe_client,
             Duration::from_millis(g.health_interval_ms.max(10)),
@@ -720,6 +720,14 @@ impl Router {
             Duration::from_millis(g.unhealthy_grace_ms),
             u64::from(g.block_size),
         ))];
+        if let (Some(path), true) = (&config.path, g.watch_pods_ms > 0) {
+            tasks.push(tokio::spawn(watch_pods(
+                Arc::downgrade(&pods),
+                path.clone(),
+                config.fixed.clone(),
+                Duration::from_millis(g.watch_pods_ms),
+            )));
+        }
         let inner = Inner {
             namespace: Namespace::model(g.model.clone()),
             model: g.model.clone(),
@@ -1129,6 +1137,45 @@ impl Router {
             );
             gauge(&m.pod_blocks, s.pods.index.pod_blocks(id).map_or(0, clamp));
             gauge(&m.pod_breaker_open, i64::from(s.breaker.is_tripped(id)));
+        }
+    }
+}
+
+/// Applies the file's `[[pods]]` whenever its modification time or length
+/// changes. A file that does not parse is logged and skipped: the pods
+/// stay as they were until a good version arrives.
+async fn watch_pods(
+    pods: std::sync::Weak<Pods>,
+    path: PathBuf,
+    fixed: Vec<PodConfig>,
+    every: Duration,
+) {
+    let stamp = |p: &Path| {
+        std::fs::metadata(p)
+            .ok()
+            .map(|m| (m.modified().ok(), m.len()))
+    };
+    let mut seen = stamp(&path);
+    loop {
+        tokio::time::sleep(every).await;
+        let Some(pods) = pods.upgrade() else { return };
+        let now = stamp(&path);
+        if now == seen {
+            continue;
+        }
+        seen = now;
+        let applied = Config::load(&path).and_then(|c| {
+            let mut wanted = c.pods;
+            wanted.extend(fixed.iter().cloned());
+            pods.replace_all(wanted)
+        });
+        match applied {
+            Ok((added, removed)) => {
+                tracing::info!(file = %path.display(), ?added, ?removed, "pods file changed: applied");
+            }
+            Err(e) => {
+                tracing::warn!(file = %path.display(), error = %e, "pods file changed but is not valid: pods kept");
+            }
         }
     }
 }

@@ -178,3 +178,58 @@ async fn a_pick_needs_a_workflow_of_one_step() {
     let r = router.pick(long_chat(0, 50)).await.unwrap_err();
     assert!(r.error.message.contains("one step"), "{r}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watched_pods_file_is_followed_and_a_broken_one_is_skipped() {
+    // Two engines, started apart from the router the file configures.
+    let (_, engines) = router(2, "").await;
+    let dir = std::env::temp_dir().join(format!("cache-router-watch-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("router.toml");
+    let tokenizer = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/tokenizers/qwen3");
+    let write = |pods: &[usize]| {
+        let mut text = format!(
+            "[gateway]\nmodel = \"{MODEL}\"\ntokenizer = {:?}\nwatch_pods_ms = 50\n",
+            tokenizer.display().to_string()
+        );
+        for &i in pods {
+            text.push_str(&format!(
+                "\n[[pods]]\nname = \"e{i}\"\nurl = \"{}\"\n",
+                engines[i].url()
+            ));
+        }
+        std::fs::write(&file, text).unwrap();
+    };
+    let names =
+        |r: &Router| -> Vec<String> { r.pods().into_iter().map(|p| p.config.name).collect() };
+    write(&[0]);
+    let watched = Router::start(Config::load(&file).unwrap()).await.unwrap();
+    assert_eq!(names(&watched), ["e0"]);
+    let wait_for = |want: &'static [&'static str]| {
+        let watched = watched.clone();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while names(&watched) != want {
+                assert!(
+                    Instant::now() < deadline,
+                    "pods {:?}, not {want:?}",
+                    names(&watched)
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    // Modification times can be coarse: a different length is a change too.
+    write(&[0, 1]);
+    wait_for(&["e0", "e1"]).await;
+    std::fs::write(&file, "[gateway]\nnot toml at all [[").unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        names(&watched),
+        ["e0", "e1"],
+        "a broken file changes nothing"
+    );
+    write(&[1]);
+    wait_for(&["e1"]).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
