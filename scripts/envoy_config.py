@@ -38,5 +38,5 @@ for k, v in {
     text = text.replace(k, v)
 text = text.replace("${FALLBACK}\n", fallback)
 if a.no_epp:
-    text = re.sub(r"          - name: envoy\.filters\.http\.ext_proc\n.*?(?=          - name: envoy\.filters\.http\.router)", "", text, flags=re.S)
+    text = re.sub(r"          # The decision:.*?(?=          - name: envoy\.filters\.http\.router)", "", text, flags=re.S)
 sys.stdout.write(text)

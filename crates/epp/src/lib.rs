@@ -37,10 +37,11 @@
 //! answering) and `envoy.service.ext_proc.v3.ExternalProcessor`.
 #![forbid(unsafe_code)]
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::config::core::v3::{HeaderValue, HeaderValueOption, Metadata};
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::{
@@ -71,6 +72,22 @@ pub const LB_NAMESPACE: &str = "envoy.lb";
 pub const POD_HEADER: &str = "x-cache-router-pod";
 /// Header with the cached tokens the index predicted, added to the response.
 pub const PREDICTED_HEADER: &str = "x-cache-router-predicted-cached-tokens";
+/// The request header carrying a decision to the observing filter (split
+/// mode: see [`OBSERVER_METADATA`]).
+pub const EXCHANGE_HEADER: &str = "x-cache-router-exchange";
+/// The gRPC metadata key of a decision filter whose response side another,
+/// observing, ext_proc filter watches (`observability_mode`, so Envoy waits
+/// on no response message): `initial_metadata: [{ key:
+/// x-cache-router-observer, value: separate }]` on the decision filter's
+/// `grpc_service`. The decision then travels in [`EXCHANGE_HEADER`], the pod
+/// and the prediction as request headers a route copies to the response.
+pub const OBSERVER_METADATA: &str = "x-cache-router-observer";
+/// Decisions waiting for their observing stream at most this long.
+const HANDOFF_TTL: Duration = Duration::from_secs(600);
+/// Decisions waiting at most; beyond, the oldest are dropped (their load
+/// given back).
+const HANDOFF_MAX: usize = 65_536;
+
 /// The gRPC service name Envoy's health check asks for.
 pub const EXT_PROC_SERVICE: &str = "envoy.service.ext_proc.v3.ExternalProcessor";
 
@@ -103,6 +120,63 @@ impl Default for EppConfig {
 pub struct Epp {
     router: Router,
     config: Arc<EppConfig>,
+    handoff: Arc<Handoff>,
+}
+
+/// A decision made on the decision filter's stream, waiting for the
+/// observing filter's stream of the same request.
+struct Handed {
+    pick: Pick,
+    streamed: bool,
+    label: &'static str,
+    at: Instant,
+}
+
+/// Decisions handed from a decision stream to an observing one, by id;
+/// bounded in age and count (a request whose response never comes, say
+/// because Envoy answered it locally without its observer, gives its load
+/// back when it expires or is pushed out).
+#[derive(Default)]
+struct Handoff {
+    waiting: parking_lot::Mutex<HashMap<u64, Handed>>,
+    next: std::sync::atomic::AtomicU64,
+}
+
+impl std::fmt::Debug for Handoff {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Handoff")
+            .field("waiting", &self.waiting.lock().len())
+            .finish()
+    }
+}
+
+impl Handoff {
+    fn put(&self, h: Handed) -> u64 {
+        let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // Distinct per process and request (the header is removed from
+        // clients' requests before any filter runs).
+        let id =
+            n.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ u64::from(std::process::id()).rotate_left(32);
+        let mut w = self.waiting.lock();
+        if w.len() >= HANDOFF_MAX / 2 {
+            w.retain(|_, h| h.at.elapsed() < HANDOFF_TTL);
+        }
+        if w.len() >= HANDOFF_MAX
+            && let Some(oldest) = w.iter().min_by_key(|(_, h)| h.at).map(|(k, _)| *k)
+        {
+            w.remove(&oldest);
+        }
+        w.insert(id, h);
+        id
+    }
+
+    fn take(&self, id: u64) -> Option<Handed> {
+        self.waiting.lock().remove(&id)
+    }
+
+    fn len(&self) -> usize {
+        self.waiting.lock().len()
+    }
 }
 
 impl Epp {
@@ -111,7 +185,13 @@ impl Epp {
         Epp {
             router,
             config: Arc::new(config),
+            handoff: Arc::default(),
         }
+    }
+
+    /// Decisions waiting for their observing stream (split mode).
+    pub fn waiting_decisions(&self) -> usize {
+        self.handoff.len()
     }
 
     /// Serves the picker and gRPC health on `listener` until `shutdown`
@@ -169,13 +249,30 @@ impl ExternalProcessor for Epp {
         &self,
         request: tonic::Request<Streaming<ProcessingRequest>>,
     ) -> Result<tonic::Response<Self::ProcessStream>, Status> {
+        let split = request
+            .metadata()
+            .get(OBSERVER_METADATA)
+            .is_some_and(|v| v.as_bytes() == b"separate");
         let inbound = request.into_inner();
-        let exchange = Exchange::new(self.router.clone(), self.config.clone());
+        let mut exchange = Exchange::new(self.router.clone(), self.config.clone());
+        exchange.handoff = Some(self.handoff.clone());
+        exchange.split = split;
         let out = futures::stream::unfold(
             (inbound, exchange),
             |(mut inbound, mut exchange)| async move {
                 match inbound.message().await {
                     Ok(Some(msg)) => {
+                        // In observability mode Envoy waits on no answer,
+                        // and none is sent: read on to the next message that
+                        // wants one, or to the end.
+                        let mut msg = msg;
+                        while msg.observability_mode {
+                            exchange.handle(msg).await;
+                            match inbound.message().await {
+                                Ok(Some(m)) => msg = m,
+                                Ok(None) | Err(_) => return None,
+                            }
+                        }
                         let reply = exchange.handle(msg).await;
                         Some((Ok(reply), (inbound, exchange)))
                     }
@@ -205,6 +302,11 @@ struct Exchange {
     first_chunk_seen: bool,
     sse: SseDecoder,
     whole: Option<Vec<u8>>,
+    /// Where decisions go in split mode, and come from on an observing
+    /// stream.
+    handoff: Option<Arc<Handoff>>,
+    /// A decision filter whose response side another filter observes.
+    split: bool,
 }
 
 impl Exchange {
@@ -222,6 +324,8 @@ impl Exchange {
             first_chunk_seen: false,
             sse: SseDecoder::new(config.max_response_bytes).max_event(config.max_response_bytes),
             whole: Some(Vec::new()),
+            handoff: None,
+            split: false,
             config,
         }
     }
@@ -248,9 +352,19 @@ impl Exchange {
     fn request_headers(&mut self, h: &HttpHeaders) -> ProcessingResponse {
         self.path = header(h, ":path").unwrap_or_default();
         self.session = header(h, &self.config.session_header);
+        if let (Some(id), Some(handoff)) = (
+            header(h, EXCHANGE_HEADER).and_then(|v| v.parse::<u64>().ok()),
+            &self.handoff,
+        ) && let Some(handed) = handoff.take(id)
+        {
+            // The observing stream of a request decided on another.
+            self.pick = Some(handed.pick);
+            self.streamed = handed.streamed;
+            self.label = handed.label;
+        }
         let mut common = CommonResponse {
             header_mutation: Some(HeaderMutation {
-                remove_headers: vec![DESTINATION_HEADER.into()],
+                remove_headers: vec![DESTINATION_HEADER.into(), EXCHANGE_HEADER.into()],
                 ..Default::default()
             }),
             ..Default::default()
@@ -304,11 +418,29 @@ impl Exchange {
         match self.pick(api).await {
             Ok(pick) => {
                 let ep = endpoint_of(&pick.url).unwrap_or_default();
-                self.pick = Some(pick);
-                with_metadata(
-                    reply(Out::RequestBody(body_response(destination(&ep)))),
-                    &ep,
-                )
+                let mut common = destination(&ep);
+                match (&self.handoff, common.header_mutation.as_mut()) {
+                    (Some(handoff), Some(m)) if self.split => {
+                        // The observing filter takes it from here; the
+                        // route copies the pod and the prediction to the
+                        // response.
+                        m.set_headers.push(set_header(POD_HEADER, &pick.pod));
+                        m.set_headers.push(set_header(
+                            PREDICTED_HEADER,
+                            &pick.predicted_cached_tokens.to_string(),
+                        ));
+                        let id = handoff.put(Handed {
+                            pick,
+                            streamed: self.streamed,
+                            label: self.label,
+                            at: Instant::now(),
+                        });
+                        m.set_headers
+                            .push(set_header(EXCHANGE_HEADER, &id.to_string()));
+                    }
+                    _ => self.pick = Some(pick),
+                }
+                with_metadata(reply(Out::RequestBody(body_response(common))), &ep)
             }
             Err(r) => {
                 let m = self.router.metrics();
