@@ -402,8 +402,11 @@ impl Exchange {
         }
         let route = self.path.split('?').next().unwrap_or_default();
         let api = match route {
-            "/v1/completions" => Api::Completions,
-            "/v1/chat/completions" => Api::Chat,
+            "/v1/completions" => Some(Api::Completions),
+            "/v1/chat/completions" => Some(Api::Chat),
+            // No request headers were sent (`request_header_mode: SKIP`):
+            // the body says which endpoint.
+            "" => None,
             _ => {
                 return match self.any_endpoint() {
                     Some(ep) => with_metadata(
@@ -414,7 +417,7 @@ impl Exchange {
                 };
             }
         };
-        self.label = api.label();
+        self.label = api.map_or("generate", Api::label);
         match self.pick(api).await {
             Ok(pick) => {
                 let ep = endpoint_of(&pick.url).unwrap_or_default();
@@ -451,10 +454,17 @@ impl Exchange {
         }
     }
 
-    async fn pick(&mut self, api: Api) -> Result<Pick, Refusal> {
+    async fn pick(&mut self, api: Option<Api>) -> Result<Pick, Refusal> {
         let body = std::mem::take(&mut self.body);
-        let mut request =
-            Request::from_openai(api, &body).map_err(|e| Refusal::new("bad_request", e))?;
+        let bad = |e| Refusal::new("bad_request", e);
+        let mut request = match api {
+            Some(api) => Request::from_openai(api, &body).map_err(bad)?,
+            None => {
+                let v = openai::parse_body(&body).map_err(bad)?;
+                Request::from_json(Api::of_body(&v), v).map_err(bad)?
+            }
+        };
+        self.label = request.api().label();
         if let Some(s) = &self.session {
             request = request.with_session(s.clone());
         }

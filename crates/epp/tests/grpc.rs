@@ -299,3 +299,19 @@ async fn a_decision_handed_to_an_observing_stream_holds_the_load_until_the_respo
         "nothing is answered to an observer"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_without_its_headers_is_routed_by_what_it_holds() {
+    let (_router, _engines, url) = setup(2).await;
+    let mut client = ExternalProcessorClient::connect(url).await.unwrap();
+    let (tx, rx) = mpsc::channel(4);
+    // request_header_mode: SKIP: the body comes first; `messages` make it a chat.
+    tx.send(body(&chat_json(10), None)).await.unwrap();
+    let mut replies = client
+        .process(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let out = replies.message().await.unwrap().unwrap().response.unwrap();
+    assert!(destination(&out).is_some(), "{out:?}");
+}
