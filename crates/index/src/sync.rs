@@ -4,7 +4,7 @@
 //! `RUSTFLAGS="--cfg router_loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p router-index --release --lib loom`.
 //!
 //! Not routed through here: the list of sweeper threads (`std::sync::Mutex`
-//! in `index.rs`), touched only to start and wake sweepers, which the models
+//! in `index/`), touched only to start and wake sweepers, which the models
 //! run synchronously instead; and the shards' sequence-number lock
 //! (`seqlock.rs`), which picks its own cell (an `UnsafeCell` it guards, or a
 //! loom mutex under loom) and says why there. A retired array's free is
