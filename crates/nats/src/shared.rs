@@ -25,33 +25,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::{Counters, NatsConfig, PodNames, bump};
 
-/// One pod's load as shared.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-struct Load {
-    in_flight: u32,
-    prefilling: u32,
-    queued: u64,
-    kv: u64,
-}
-
-impl Load {
-    fn plus(self, o: Load) -> Load {
-        Load {
-            in_flight: self.in_flight.saturating_add(o.in_flight),
-            prefilling: self.prefilling.saturating_add(o.prefilling),
-            queued: self.queued.saturating_add(o.queued),
-            kv: self.kv.saturating_add(o.kv),
-        }
-    }
-    fn minus(self, o: Load) -> Load {
-        Load {
-            in_flight: self.in_flight.saturating_sub(o.in_flight),
-            prefilling: self.prefilling.saturating_sub(o.prefilling),
-            queued: self.queued.saturating_sub(o.queued),
-            kv: self.kv.saturating_sub(o.kv),
-        }
-    }
-}
+/// One pod's load as shared (the wire names: `in_flight`, `prefilling`,
+/// `queued`, `kv`).
+type Load = router_policy::PodLoad;
 
 #[derive(Serialize, Deserialize)]
 struct LoadMessage {
@@ -159,33 +135,11 @@ async fn load_loop(
                 _ => Load::default(),
             };
             if want != had {
-                fleet.update(*id, &mut |s| {
-                    s.in_flight = s
-                        .in_flight
-                        .saturating_sub(had.in_flight)
-                        .saturating_add(want.in_flight);
-                    s.prefilling = s
-                        .prefilling
-                        .saturating_sub(had.prefilling)
-                        .saturating_add(want.prefilling);
-                    s.queued_prefill_tokens = s
-                        .queued_prefill_tokens
-                        .saturating_sub(had.queued)
-                        .saturating_add(want.queued);
-                    s.kv_blocks_used = s
-                        .kv_blocks_used
-                        .saturating_sub(had.kv)
-                        .saturating_add(want.kv);
-                });
+                fleet.update(*id, &mut |s| Load::replace_in(s, had, want));
             }
             applied.insert(name.clone(), (*id, want));
             if let Some(s) = fleet.get(*id) {
-                let total = Load {
-                    in_flight: s.in_flight,
-                    prefilling: s.prefilling,
-                    queued: s.queued_prefill_tokens,
-                    kv: s.kv_blocks_used,
-                };
+                let total = Load::of(&s);
                 own.insert(name.clone(), total.minus(want));
             }
         }

@@ -65,7 +65,7 @@ pub use error::Error;
 pub use plugin::{
     Filter, FnFilter, FnScorer, Picker, Plugin, Prepare, Scorer, filter_fn, scorer_fn,
 };
-pub use pod::{Fleet, FleetWatcher, Outcome, PodState, PodStateSink, Role};
+pub use pod::{Fleet, FleetWatcher, Outcome, PodLoad, PodState, PodStateSink, Role};
 pub use profile::{Decision, Profile, ProfileBuilder};
 
 /// The default cache-aware profile: query the index once, count what the

@@ -18,6 +18,82 @@ pub enum Role {
     Both,
 }
 
+/// The load a router adds to a pod, apart from the pod's other figures:
+/// what replicas share (router-nats) and the simulator's routers see of
+/// each other. Sums and differences saturate.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
+pub struct PodLoad {
+    /// Requests in flight.
+    pub in_flight: u32,
+    /// Requests still before their first token.
+    pub prefilling: u32,
+    /// Prompt tokens queued for prefill.
+    #[serde(rename = "queued")]
+    pub queued_prefill_tokens: u64,
+    /// KV blocks the requests hold.
+    #[serde(rename = "kv")]
+    pub kv_blocks_used: u64,
+}
+
+impl PodLoad {
+    /// A load of these figures.
+    pub fn new(
+        in_flight: u32,
+        prefilling: u32,
+        queued_prefill_tokens: u64,
+        kv_blocks_used: u64,
+    ) -> Self {
+        PodLoad {
+            in_flight,
+            prefilling,
+            queued_prefill_tokens,
+            kv_blocks_used,
+        }
+    }
+
+    /// A pod's load figures.
+    pub fn of(s: &PodState) -> Self {
+        PodLoad::new(
+            s.in_flight,
+            s.prefilling,
+            s.queued_prefill_tokens,
+            s.kv_blocks_used,
+        )
+    }
+
+    /// The two loads together.
+    pub fn plus(self, o: PodLoad) -> PodLoad {
+        PodLoad::new(
+            self.in_flight.saturating_add(o.in_flight),
+            self.prefilling.saturating_add(o.prefilling),
+            self.queued_prefill_tokens
+                .saturating_add(o.queued_prefill_tokens),
+            self.kv_blocks_used.saturating_add(o.kv_blocks_used),
+        )
+    }
+
+    /// This load without `o`.
+    pub fn minus(self, o: PodLoad) -> PodLoad {
+        PodLoad::new(
+            self.in_flight.saturating_sub(o.in_flight),
+            self.prefilling.saturating_sub(o.prefilling),
+            self.queued_prefill_tokens
+                .saturating_sub(o.queued_prefill_tokens),
+            self.kv_blocks_used.saturating_sub(o.kv_blocks_used),
+        )
+    }
+
+    /// `s`'s load figures with `had` replaced by `want`.
+    pub fn replace_in(s: &mut PodState, had: PodLoad, want: PodLoad) {
+        let now = PodLoad::of(s).minus(had).plus(want);
+        s.in_flight = now.in_flight;
+        s.prefilling = now.prefilling;
+        s.queued_prefill_tokens = now.queued_prefill_tokens;
+        s.kv_blocks_used = now.kv_blocks_used;
+    }
+}
+
 /// A pod as the decision layer sees it.
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]

@@ -132,14 +132,7 @@ struct SimPod {
     busy_us: u64,
 }
 
-/// One router's load on one pod, as shared.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-struct Load {
-    in_flight: u32,
-    prefilling: u32,
-    queued: u64,
-    kv: u64,
-}
+type Load = router_policy::PodLoad;
 
 /// One router replica.
 struct RouterSide {
@@ -400,18 +393,13 @@ impl<'a> Simulation<'a> {
     /// Sets router `k`'s view of pod `p` from what it has seen.
     fn apply_view(&self, k: usize, p: usize) {
         let side = &self.routers[k];
-        let sum = side.seen.iter().fold(Load::default(), |a, s| Load {
-            in_flight: a.in_flight + s[p].in_flight,
-            prefilling: a.prefilling + s[p].prefilling,
-            queued: a.queued + s[p].queued,
-            kv: a.kv + s[p].kv,
-        });
+        let sum = side.seen.iter().fold(Load::default(), |a, s| a.plus(s[p]));
         let total = self.cfg.gpu_blocks as u64;
         side.fleet.update(self.pods[p].id, &mut |s| {
             s.in_flight = sum.in_flight;
             s.prefilling = sum.prefilling;
-            s.queued_prefill_tokens = sum.queued;
-            s.kv_blocks_used = sum.kv;
+            s.queued_prefill_tokens = sum.queued_prefill_tokens;
+            s.kv_blocks_used = sum.kv_blocks_used;
             s.kv_blocks_total = total;
         });
     }
@@ -531,8 +519,8 @@ impl<'a> Simulation<'a> {
             let l = &mut parts[r % n];
             l.in_flight += 1;
             l.prefilling += 1;
-            l.queued += self.trace[r].input_tokens;
-            l.kv += self.trace[r].blocks.len() as u64;
+            l.queued_prefill_tokens += self.trace[r].input_tokens;
+            l.kv_blocks_used += self.trace[r].blocks.len() as u64;
         }
         // Running requests hold the blocks the cache pins, shared between
         // them: each router's part in proportion to its requests' blocks.
@@ -546,7 +534,7 @@ impl<'a> Simulation<'a> {
             let l = &mut parts[run.req % n];
             l.in_flight += 1;
             l.prefilling += u32::from(run.prefill_left > 0);
-            l.queued += run.prefill_left;
+            l.queued_prefill_tokens += run.prefill_left;
         }
         if running_blocks > 0 {
             let mut per = vec![0u64; n];
@@ -561,7 +549,7 @@ impl<'a> Simulation<'a> {
                     (pinned * b).checked_div(running_blocks).unwrap_or(0)
                 };
                 given += share;
-                parts[j].kv += share;
+                parts[j].kv_blocks_used += share;
             }
         }
         for (j, load) in parts.into_iter().enumerate() {
