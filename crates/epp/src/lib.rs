@@ -38,7 +38,6 @@
 #![forbid(unsafe_code)]
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -138,14 +137,22 @@ struct Handed {
 /// back when it expires or is pushed out).
 #[derive(Default)]
 struct Handoff {
-    waiting: parking_lot::Mutex<HashMap<u64, Handed>>,
+    waiting: parking_lot::Mutex<Waiting>,
     next: std::sync::atomic::AtomicU64,
+}
+
+#[derive(Default)]
+struct Waiting {
+    by_id: HashMap<u64, Handed>,
+    /// When expired decisions were last looked for (at most once a second,
+    /// not on every insert).
+    swept: Option<Instant>,
 }
 
 impl std::fmt::Debug for Handoff {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Handoff")
-            .field("waiting", &self.waiting.lock().len())
+            .field("waiting", &self.waiting.lock().by_id.len())
             .finish()
     }
 }
@@ -157,25 +164,39 @@ impl Handoff {
         // clients' requests before any filter runs).
         let id =
             n.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ u64::from(std::process::id()).rotate_left(32);
+        // Decisions dropped here give their pods' load back: outside the
+        // lock.
+        let mut dropped = Vec::new();
         let mut w = self.waiting.lock();
-        if w.len() >= HANDOFF_MAX / 2 {
-            w.retain(|_, h| h.at.elapsed() < HANDOFF_TTL);
-        }
-        if w.len() >= HANDOFF_MAX
-            && let Some(oldest) = w.iter().min_by_key(|(_, h)| h.at).map(|(k, _)| *k)
+        if w.swept
+            .is_none_or(|t| t.elapsed() >= Duration::from_secs(1))
         {
-            w.remove(&oldest);
+            w.swept = Some(Instant::now());
+            let expired: Vec<u64> = w
+                .by_id
+                .iter()
+                .filter(|(_, h)| h.at.elapsed() >= HANDOFF_TTL)
+                .map(|(k, _)| *k)
+                .collect();
+            dropped.extend(expired.iter().filter_map(|k| w.by_id.remove(k)));
         }
-        w.insert(id, h);
+        if w.by_id.len() >= HANDOFF_MAX
+            && let Some(oldest) = w.by_id.iter().min_by_key(|(_, h)| h.at).map(|(k, _)| *k)
+        {
+            dropped.extend(w.by_id.remove(&oldest));
+        }
+        w.by_id.insert(id, h);
+        drop(w);
+        drop(dropped);
         id
     }
 
     fn take(&self, id: u64) -> Option<Handed> {
-        self.waiting.lock().remove(&id)
+        self.waiting.lock().by_id.remove(&id)
     }
 
     fn len(&self) -> usize {
-        self.waiting.lock().len()
+        self.waiting.lock().by_id.len()
     }
 }
 
@@ -229,13 +250,6 @@ impl Epp {
             .await;
         ready.abort();
         served
-    }
-
-    /// Binds `addr` and serves ([`Epp::serve`]) until the process ends.
-    pub async fn serve_on(self, addr: SocketAddr) -> Result<(), Box<dyn std::error::Error>> {
-        let listener = tokio::net::TcpListener::bind(addr).await?;
-        self.serve(listener, std::future::pending()).await?;
-        Ok(())
     }
 }
 
@@ -515,7 +529,8 @@ impl Exchange {
                 // An over-long event or line ends the reading of usage, not
                 // the answer.
                 if self.sse.feed(&b.body, &mut events).is_ok() {
-                    for e in events {
+                    // Only the usage chunk is parsed, not every token's.
+                    for e in events.iter().filter(|e| e.contains("\"usage\"")) {
                         if let Some(c) = cached_of(e.as_bytes()) {
                             p.cached_tokens(c);
                         }

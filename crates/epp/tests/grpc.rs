@@ -19,7 +19,7 @@ use tokio_stream::wrappers::ReceiverStream;
 
 const MODEL: &str = "Qwen/Qwen3-0.6B";
 
-async fn setup(engines: usize) -> (Router, Vec<SimEngine>, String) {
+async fn setup(engines: usize) -> (Router, Vec<SimEngine>, String, Epp) {
     let text = format!(
         "[gateway]\nmodel = \"{MODEL}\"\ntokenizer = \"../../assets/tokenizers/qwen3\"\n\
          health_interval_ms = 100\n\n[simulated]\nengines = {engines}\ntime_scale = 0.1\n"
@@ -29,10 +29,9 @@ async fn setup(engines: usize) -> (Router, Vec<SimEngine>, String) {
     let router = Router::start(config).await.unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(
-        Epp::new(router.clone(), EppConfig::default()).serve(listener, std::future::pending()),
-    );
-    (router, sims, url)
+    let epp = Epp::new(router.clone(), EppConfig::default());
+    tokio::spawn(epp.clone().serve(listener, std::future::pending()));
+    (router, sims, url, epp)
 }
 
 fn headers(path: &str, end: bool) -> ProcessingRequest {
@@ -140,7 +139,7 @@ fn chat_json(words: usize) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_subset_hint_bounds_the_choice_and_an_empty_one_is_503() {
-    let (router, engines, url) = setup(3).await;
+    let (router, engines, url, _) = setup(3).await;
     let only = vec![router_epp::endpoint_of(engines[1].url()).unwrap()];
     for _ in 0..4 {
         let (first, second, _tx, _rx) = decide(&url, &chat_json(30), Some(&only)).await;
@@ -165,7 +164,7 @@ async fn the_subset_hint_bounds_the_choice_and_an_empty_one_is_503() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_abandoned_stream_gives_its_pods_load_back() {
-    let (router, _engines, url) = setup(2).await;
+    let (router, _engines, url, _) = setup(2).await;
     let in_flight = |r: &Router| -> f64 {
         r.metrics_text()
             .lines()
@@ -198,7 +197,7 @@ async fn an_abandoned_stream_gives_its_pods_load_back() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_decision_handed_to_an_observing_stream_holds_the_load_until_the_response_ends() {
-    let (router, _engines, url) = setup(2).await;
+    let (router, _engines, url, epp) = setup(2).await;
     let in_flight = || -> f64 {
         router
             .metrics_text()
@@ -239,6 +238,7 @@ async fn a_decision_handed_to_an_observing_stream_holds_the_load_until_the_respo
         1.0,
         "the decision stream ended; the request has not"
     );
+    assert_eq!(epp.waiting_decisions(), 1);
 
     // The observing stream: Envoy waits on no answer, and gets none.
     let (tx, rx) = mpsc::channel(8);
@@ -293,6 +293,7 @@ async fn a_decision_handed_to_an_observing_stream_holds_the_load_until_the_respo
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    assert_eq!(epp.waiting_decisions(), 0, "the observer took it");
     drop(tx);
     assert!(
         replies.message().await.unwrap().is_none(),
@@ -302,7 +303,7 @@ async fn a_decision_handed_to_an_observing_stream_holds_the_load_until_the_respo
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_without_its_headers_is_routed_by_what_it_holds() {
-    let (_router, _engines, url) = setup(2).await;
+    let (_router, _engines, url, _) = setup(2).await;
     let mut client = ExternalProcessorClient::connect(url).await.unwrap();
     let (tx, rx) = mpsc::channel(4);
     // request_header_mode: SKIP: the body comes first; `messages` make it a chat.

@@ -275,12 +275,14 @@ impl Pods {
             .map(|(n, _)| n.clone())
     }
 
-    /// (id, base URL) of every pod.
-    pub(crate) fn urls(&self) -> Vec<(PodId, String)> {
+    /// The ids of the pods whose base URL `keep` accepts (no URL copied:
+    /// a pick's subset filter runs this per request).
+    pub(crate) fn ids_where(&self, keep: impl Fn(&str) -> bool) -> Vec<PodId> {
         self.entries
             .lock()
             .values()
-            .map(|e| (e.id, e.config.url.clone()))
+            .filter(|e| keep(&e.config.url))
+            .map(|e| e.id)
             .collect()
     }
 

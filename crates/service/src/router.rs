@@ -123,9 +123,10 @@ impl Pick {
         self.lease.cached_tokens(cached);
     }
 
-    /// The request ended; `ok`: the pod served it.
-    pub fn finish(mut self, ok: bool) {
-        self.first_token();
+    /// The request ended; `ok`: the pod served it. An answer that never
+    /// sent a token records no time to first token (the pod's queued
+    /// prefill ends with the lease all the same).
+    pub fn finish(self, ok: bool) {
         self.lease.finish(ok);
     }
 }
@@ -788,13 +789,7 @@ impl Router {
         let arrived = Instant::now();
         let p = self.prepare(request).await?;
         let s = &self.inner;
-        let excluded: Vec<PodId> = s
-            .pods
-            .urls()
-            .into_iter()
-            .filter(|(_, url)| !eligible(url))
-            .map(|(id, _)| id)
-            .collect();
+        let excluded = s.pods.ids_where(|url| !eligible(url));
         let lease = s
             .executor
             .lease(&s.workflow, p.ctx, p.prompt_tokens, &excluded)
