@@ -40,10 +40,16 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
                 "router-service",
             ][..],
         ),
-        // The simulator models engines and runs the policies.
+        // The simulator models engines and routes through the executor, as
+        // the HTTP fronts do.
         (
             "router-sim",
-            &["router-core", "router-index", "router-policy"][..],
+            &[
+                "router-core",
+                "router-exec",
+                "router-index",
+                "router-policy",
+            ][..],
         ),
         // The routing core as a library: every layer wired into a Router.
         (

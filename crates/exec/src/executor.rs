@@ -304,6 +304,23 @@ impl Lease {
     }
 }
 
+/// The backend of an executor that only leases.
+struct NoBackend;
+
+impl Backend for NoBackend {
+    fn send(
+        &self,
+        _pod: PodId,
+        _request: StepRequest,
+    ) -> futures::future::BoxFuture<'static, Result<ChunkStream, BackendError>> {
+        Box::pin(async {
+            Err(BackendError::Unavailable(
+                "this executor only leases decisions: its front sends the requests".into(),
+            ))
+        })
+    }
+}
+
 /// Watches an executor's decisions and failed attempts (metrics, logs).
 /// Every method has a default that does nothing.
 pub trait Observer: Send + Sync {
@@ -350,6 +367,14 @@ impl Executor {
             feedback,
             retry: RetryPolicy::default(),
         }
+    }
+
+    /// An executor for a front that sends requests itself and only leases
+    /// decisions ([`Executor::lease`]): an endpoint picker, a simulator on
+    /// its own clock. [`Executor::execute`] on it fails every attempt with
+    /// [`BackendError::Unavailable`].
+    pub fn for_leases(fleet: Arc<Fleet>, feedback: Arc<Feedback>) -> Self {
+        Executor::new(Arc::new(NoBackend), fleet, feedback)
     }
 
     /// Feeds failures and latencies to `breaker` (use the same breaker as a

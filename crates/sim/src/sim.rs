@@ -1,5 +1,14 @@
 //! Trace replay through simulated pods, routed by a real profile over a
 //! real index that learns only from the pods' cache events.
+//!
+//! Each router replica decides through router-exec's [`Executor`], as the
+//! HTTP fronts do: [`Executor::lease`] runs the profile and counts the
+//! request on its pod (in flight, queued prefill, KV blocks) until the
+//! simulated engine finishes it, and the engine's cache hits go back as
+//! feedback. The load a router sees is therefore its own accounting, not
+//! the engines' true state. What the simulator does not replay is the
+//! executor's sending: its retries and timeouts run on tokio's clock,
+//! and the simulated pods never fail.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashSet, VecDeque};
@@ -7,9 +16,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use router_core::{BlockHash, CacheEvent, CacheEventSink, PodDirectory, PodId, PodKey};
+use router_exec::{Executor, Feedback, Lease, Workflow};
 use router_index::{Index, IndexConfig};
 use router_policy::builtin::{Memory, RoutedChains};
-use router_policy::keys::{CACHE_HITS, CHAIN, HASH_KEY, NOW_MS, PROMPT_TOKENS, SESSION_ID};
+use router_policy::keys::{CHAIN, HASH_KEY, NOW_MS, PROMPT_TOKENS, SESSION_ID};
 use router_policy::{Context, Fleet, PodState, PodStateSink, Profile, Role};
 
 use crate::cache::{BlockCache, CacheChange};
@@ -136,10 +146,14 @@ type Load = router_policy::PodLoad;
 
 /// One router replica.
 struct RouterSide {
-    profile: Profile,
-    fleet: Fleet,
+    /// Its profile as a workflow of one step.
+    workflow: Workflow,
+    fleet: Arc<Fleet>,
+    /// Decides and keeps the fleet's counters (the production path).
+    exec: Executor,
     table: Arc<RoutedChains>,
-    /// What it knows of each router's load per pod: `seen[j][p]`.
+    /// What it knows of each router's load per pod: `seen[j][p]` (its own
+    /// at `j` = itself, as last shared).
     seen: Vec<Vec<Load>>,
 }
 
@@ -180,8 +194,10 @@ pub struct Simulation<'a> {
     pending: Vec<Vec<CacheEvent>>,
     decision_ns: Vec<u64>,
     hashes: Vec<Vec<BlockHash>>,
-    /// Request-order mode's load proxy: the last requests, per pod.
-    window: VecDeque<(usize, u64, u64)>,
+    /// Each request's decision, held while the pod serves it.
+    leases: Vec<Option<Lease>>,
+    /// Request-order mode's load proxy: the last requests' leases.
+    window: VecDeque<usize>,
 }
 
 impl std::fmt::Debug for Simulation<'_> {
@@ -214,13 +230,20 @@ impl<'a> Simulation<'a> {
             .collect();
         let routers = (0..cfg.routers.max(1))
             .map(|_| {
-                let fleet = Fleet::new();
+                let fleet = Arc::new(Fleet::new());
                 for p in &pods {
-                    fleet.upsert(PodState::new(p.id, Role::Both));
+                    let mut state = PodState::new(p.id, Role::Both);
+                    state.kv_blocks_total = cfg.gpu_blocks as u64;
+                    fleet.upsert(state);
                 }
                 let table = Arc::new(RoutedChains::new(Memory::SPECULATIVE));
+                let profile = (policy.build)(index.clone(), cfg, table.clone());
                 RouterSide {
-                    profile: (policy.build)(index.clone(), cfg, table.clone()),
+                    workflow: Workflow::single(Arc::new(profile)),
+                    exec: Executor::for_leases(
+                        fleet.clone(),
+                        Arc::new(Feedback::new(cfg.block_tokens)),
+                    ),
                     fleet,
                     table,
                     seen: vec![vec![Load::default(); cfg.pods]; cfg.routers.max(1)],
@@ -251,6 +274,7 @@ impl<'a> Simulation<'a> {
                 .iter()
                 .map(|r| r.blocks.iter().map(|b| block_hash(*b)).collect())
                 .collect(),
+            leases: (0..trace.len()).map(|_| None).collect(),
             window: VecDeque::new(),
         }
     }
@@ -265,6 +289,18 @@ impl<'a> Simulation<'a> {
         (self.pods[i].id, &self.pods[i].cache)
     }
 
+    /// Router replica `k`'s view of the pods: the load its executor
+    /// counts, with what the other replicas shared (to inspect after a
+    /// run: every figure but the capacity is back to zero).
+    pub fn fleet(&self, k: usize) -> &Fleet {
+        &self.routers[k].fleet
+    }
+
+    /// Router replica `k`'s comparison of predicted and served cache hits.
+    pub fn feedback(&self, k: usize) -> &Feedback {
+        self.routers[k].exec.feedback()
+    }
+
     fn push(&mut self, at: u64, kind: Kind) {
         self.seq += 1;
         self.queue.push(Reverse((at, self.seq, kind)));
@@ -276,6 +312,10 @@ impl<'a> Simulation<'a> {
             for r in 0..self.trace.len() {
                 self.request_order_one(r);
                 progress(r + 1);
+            }
+            // The run is over: the requests still held as load end too.
+            while let Some(r) = self.window.pop_front() {
+                self.end_lease(r, true, 0);
             }
             return Report::build(
                 name,
@@ -305,10 +345,10 @@ impl<'a> Simulation<'a> {
                         // vLLM refuses a prompt its KV cache cannot hold
                         // (waiting, it would block the pod's queue forever).
                         self.records[r].rejected = true;
+                        self.end_lease(r, false, t);
                         continue;
                     }
                     self.pods[p].waiting.push_back(r);
-                    self.sync_fleet(p, t);
                     if !self.pods[p].stepping {
                         self.start_step(p, t);
                     }
@@ -378,8 +418,10 @@ impl<'a> Simulation<'a> {
                 pod,
                 load,
             } => {
-                self.routers[to].seen[from][pod] = load;
-                self.apply_view(to, pod);
+                let side = &mut self.routers[to];
+                let had = std::mem::replace(&mut side.seen[from][pod], load);
+                side.fleet
+                    .update(self.pods[pod].id, &mut |s| Load::replace_in(s, had, load));
             }
             Shared::Routed { to, req, pod } => {
                 let id = self.pods[pod].id;
@@ -388,20 +430,6 @@ impl<'a> Simulation<'a> {
                     .insert_remote(id, &self.hashes[req], now / 1000);
             }
         }
-    }
-
-    /// Sets router `k`'s view of pod `p` from what it has seen.
-    fn apply_view(&self, k: usize, p: usize) {
-        let side = &self.routers[k];
-        let sum = side.seen.iter().fold(Load::default(), |a, s| a.plus(s[p]));
-        let total = self.cfg.gpu_blocks as u64;
-        side.fleet.update(self.pods[p].id, &mut |s| {
-            s.in_flight = sum.in_flight;
-            s.prefilling = sum.prefilling;
-            s.queued_prefill_tokens = sum.queued_prefill_tokens;
-            s.kv_blocks_used = sum.kv_blocks_used;
-            s.kv_blocks_total = total;
-        });
     }
 
     fn route(&mut self, r: usize) -> usize {
@@ -415,31 +443,99 @@ impl<'a> Simulation<'a> {
             ctx.insert(SESSION_ID, s.to_string());
         }
         let k = self.router_of(r);
-        let mut pods = Vec::with_capacity(self.pods.len());
-        self.routers[k].fleet.snapshot_into(&mut pods);
+        let side = &self.routers[k];
         let t0 = Instant::now();
-        let decided = self.routers[k].profile.decide(&mut ctx, &mut pods);
+        let leased = side.exec.lease(&side.workflow, ctx, req.input_tokens, &[]);
         self.decision_ns.push(t0.elapsed().as_nanos() as u64);
-        let pod = decided.map(|d| d.pod).unwrap_or(self.pods[0].id);
-        self.records[r].predicted_blocks =
-            ctx.get(CACHE_HITS).map_or(0, |h| h.blocks(pod) as usize);
-        let p = self.pods.iter().position(|x| x.id == pod).unwrap_or(0);
         let now = (self.records[r].arrival_ms * 1000.0) as u64;
+        // Every pod is healthy and every profile here ends in a picker, so
+        // a decision fails only for a profile that filters out every pod:
+        // the request then goes to the first pod, counted by no router.
+        let Ok(lease) = leased else {
+            return 0;
+        };
+        let pod = lease.pod();
+        self.records[r].predicted_blocks = lease.predicted_cached_blocks() as usize;
+        self.leases[r] = Some(lease);
+        let p = self.pods.iter().position(|x| x.id == pod).unwrap_or(0);
+        self.share_load(k, p, now);
         for to in (0..self.routers.len()).filter(|&to| to != k) {
             self.share(Shared::Routed { to, req: r, pod: p }, now);
         }
         p
     }
 
+    /// Request `r`'s prefill is over: its first token, and the engine's
+    /// cache hits as feedback to the router that routed it.
+    fn first_token(&mut self, r: usize, cached_tokens: u64, now: u64) {
+        let Some(lease) = self.leases[r].as_mut() else {
+            return;
+        };
+        lease.first_token();
+        lease.cached_tokens(cached_tokens);
+        let pod = lease.pod();
+        self.lease_changed(r, pod, now);
+    }
+
+    /// Request `r` ended (`ok`: served): its router stops counting it.
+    fn end_lease(&mut self, r: usize, ok: bool, now: u64) {
+        let Some(lease) = self.leases[r].take() else {
+            return;
+        };
+        let pod = lease.pod();
+        lease.finish(ok);
+        self.lease_changed(r, pod, now);
+    }
+
+    fn lease_changed(&mut self, r: usize, pod: PodId, now: u64) {
+        if let Some(p) = self.pods.iter().position(|x| x.id == pod) {
+            self.share_load(self.router_of(r), p, now);
+        }
+    }
+
+    /// Router `k`'s own load on pod `p` (what its executor counts, without
+    /// what the others shared), sent to the others when it changed.
+    fn share_load(&mut self, k: usize, p: usize, now: u64) {
+        let n = self.routers.len();
+        if n == 1 {
+            return;
+        }
+        let side = &self.routers[k];
+        let Some(state) = side.fleet.get(self.pods[p].id) else {
+            return;
+        };
+        let others = (0..n)
+            .filter(|&j| j != k)
+            .fold(Load::default(), |a, j| a.plus(side.seen[j][p]));
+        let load = Load::of(&state).minus(others);
+        if side.seen[k][p] == load {
+            return;
+        }
+        self.routers[k].seen[k][p] = load;
+        for to in (0..n).filter(|&to| to != k) {
+            self.share(
+                Shared::Load {
+                    to,
+                    from: k,
+                    pod: p,
+                    load,
+                },
+                now,
+            );
+        }
+    }
+
     /// Request-order mode has no time, so no load: without a proxy a
-    /// cache-seeking policy sends everything to one pod. Each request
-    /// counts as in flight (its uncached tokens as queued prefill) until
-    /// as many requests as there are pods have arrived after it.
+    /// cache-seeking policy sends everything to one pod. Each request's
+    /// lease (in flight, its predicted uncached tokens as queued prefill)
+    /// is held until as many requests as there are pods have arrived after
+    /// it.
     fn request_order_one(&mut self, r: usize) {
         let p = self.route(r);
         self.records[r].pod = p;
         if self.trace[r].blocks.len() > self.cfg.gpu_blocks {
             self.records[r].rejected = true;
+            self.end_lease(r, false, 0);
             return;
         }
         let blocks = self.trace[r].blocks.clone();
@@ -451,38 +547,19 @@ impl<'a> Simulation<'a> {
         }
         let input = self.trace[r].input_tokens;
         let cached = (self.records[r].hit_blocks as u64 * self.cfg.block_tokens).min(input);
-        let load = (p, input - cached, blocks.len() as u64);
-        self.window.push_back(load);
-        self.window_load(load, true);
+        if let Some(lease) = self.leases[r].as_mut() {
+            lease.cached_tokens(cached);
+        }
+        self.window.push_back(r);
         if self.window.len() > self.pods.len() {
             if let Some(old) = self.window.pop_front() {
-                self.window_load(old, false);
+                self.end_lease(old, true, 0);
             }
         }
         // No timing in this mode: served the moment it arrives.
         self.records[r].first_token_ms = Some(0.0);
         self.records[r].done_ms = Some(0.0);
         self.flush_changes(p, 0);
-    }
-
-    /// Adds (or takes back) one request of the request-order load proxy
-    /// (every router sees it: this mode has no time to delay it by).
-    fn window_load(&self, (p, tokens, blocks): (usize, u64, u64), add: bool) {
-        for side in &self.routers {
-            side.fleet.update(self.pods[p].id, &mut |s| {
-                if add {
-                    s.in_flight += 1;
-                    s.prefilling += 1;
-                    s.queued_prefill_tokens += tokens;
-                    s.kv_blocks_used += blocks;
-                } else {
-                    s.in_flight = s.in_flight.saturating_sub(1);
-                    s.prefilling = s.prefilling.saturating_sub(1);
-                    s.queued_prefill_tokens = s.queued_prefill_tokens.saturating_sub(tokens);
-                    s.kv_blocks_used = s.kv_blocks_used.saturating_sub(blocks);
-                }
-            });
-        }
     }
 
     /// Turns a pod's cache changes into events for the index, delivered
@@ -505,70 +582,6 @@ impl<'a> Simulation<'a> {
             self.pending.push(events);
             let i = self.pending.len() - 1;
             self.push(now + delay, Kind::Deliver(i));
-        }
-    }
-
-    /// Each router's part of pod `p`'s load (the requests it routed
-    /// there), known at once to itself and after the sharing delay to the
-    /// others.
-    fn sync_fleet(&mut self, p: usize, now: u64) {
-        let n = self.routers.len();
-        let mut parts = vec![Load::default(); n];
-        let pod = &self.pods[p];
-        for &r in &pod.waiting {
-            let l = &mut parts[r % n];
-            l.in_flight += 1;
-            l.prefilling += 1;
-            l.queued_prefill_tokens += self.trace[r].input_tokens;
-            l.kv_blocks_used += self.trace[r].blocks.len() as u64;
-        }
-        // Running requests hold the blocks the cache pins, shared between
-        // them: each router's part in proportion to its requests' blocks.
-        let pinned = pod.cache.pinned() as u64;
-        let running_blocks: u64 = pod
-            .running
-            .iter()
-            .map(|run| self.trace[run.req].blocks.len() as u64)
-            .sum();
-        for run in &pod.running {
-            let l = &mut parts[run.req % n];
-            l.in_flight += 1;
-            l.prefilling += u32::from(run.prefill_left > 0);
-            l.queued_prefill_tokens += run.prefill_left;
-        }
-        if running_blocks > 0 {
-            let mut per = vec![0u64; n];
-            for run in &pod.running {
-                per[run.req % n] += self.trace[run.req].blocks.len() as u64;
-            }
-            let mut given = 0;
-            for (j, b) in per.iter().enumerate() {
-                let share = if j == n - 1 {
-                    pinned - given
-                } else {
-                    (pinned * b).checked_div(running_blocks).unwrap_or(0)
-                };
-                given += share;
-                parts[j].kv_blocks_used += share;
-            }
-        }
-        for (j, load) in parts.into_iter().enumerate() {
-            if self.routers[j].seen[j][p] == load {
-                continue;
-            }
-            self.routers[j].seen[j][p] = load;
-            self.apply_view(j, p);
-            for to in (0..n).filter(|&to| to != j) {
-                self.share(
-                    Shared::Load {
-                        to,
-                        from: j,
-                        pod: p,
-                        load,
-                    },
-                    now,
-                );
-            }
         }
     }
 
@@ -602,7 +615,6 @@ impl<'a> Simulation<'a> {
         if pod.running.is_empty() {
             pod.stepping = false;
             self.flush_changes(p, now);
-            self.sync_fleet(p, now);
             return;
         }
         let mut budget = model.token_budget;
@@ -633,7 +645,6 @@ impl<'a> Simulation<'a> {
         pod.step_started = now;
         self.push(now + step_us, Kind::StepDone(p));
         self.flush_changes(p, now);
-        self.sync_fleet(p, now);
     }
 
     /// Applies a finished step; returns how many requests completed.
@@ -647,6 +658,7 @@ impl<'a> Simulation<'a> {
         let pod = &mut self.pods[p];
         pod.busy_us += now - pod.step_started;
         let mut finished = Vec::new();
+        let mut prefilled = Vec::new();
         for (i, run) in pod.running.iter_mut().enumerate() {
             if run.prefill_left > 0 {
                 if run.chunk == 0 {
@@ -661,6 +673,7 @@ impl<'a> Simulation<'a> {
                 pod.cache.computed(&run.computed);
                 let arrival = self.trace[run.req].arrival_ms / speed;
                 self.records[run.req].first_token_ms = Some(now_ms - arrival);
+                prefilled.push(run.req);
             }
             run.decoded += 1;
             if run.decoded >= self.trace[run.req].output_tokens {
@@ -669,11 +682,24 @@ impl<'a> Simulation<'a> {
                 finished.push(i);
             }
         }
+        let mut done = Vec::with_capacity(finished.len());
         for &i in finished.iter().rev() {
             let run = pod.running.swap_remove(i);
             pod.cache.release(&self.trace[run.req].blocks);
+            done.push(run.req);
         }
-        finished.len()
+        // What the engine reports back: the cached part of each prompt
+        // prefilled (as in its usage), then the end of each request.
+        let bt = self.cfg.block_tokens;
+        for r in prefilled {
+            let input = self.trace[r].input_tokens;
+            let cached = (self.records[r].hit_blocks as u64 * bt).min(input.saturating_sub(1));
+            self.first_token(r, cached, now);
+        }
+        for &r in &done {
+            self.end_lease(r, true, now);
+        }
+        done.len()
     }
 }
 

@@ -365,6 +365,36 @@ async fn feedback_compares_and_lowers_the_index_claim_on_a_miss() {
 }
 
 #[tokio::test]
+async fn an_executor_for_leases_decides_and_counts_but_sends_nothing() {
+    let (fleet, ids) = fleet(&[Role::Both, Role::Both]);
+    let exec = Executor::for_leases(fleet.clone(), Arc::new(Feedback::new(16)));
+    let wf = Workflow::single(in_slot_order());
+    let mut lease = exec.lease(&wf, Context::new(), 33, &[]).unwrap();
+    assert_eq!(lease.pod(), ids[0]);
+    let held = fleet.get(ids[0]).unwrap();
+    assert_eq!(
+        (
+            held.in_flight,
+            held.queued_prefill_tokens,
+            held.kv_blocks_used
+        ),
+        (1, 33, 3)
+    );
+    lease.first_token();
+    lease.cached_tokens(0);
+    assert_eq!(exec.feedback().stats().reports, 1);
+    lease.finish(true);
+    assert_idle(&fleet, &ids);
+    // Running a workflow on it fails on every pod, and settles each attempt.
+    let err = exec.execute(&wf, Context::new(), request(16)).await.err();
+    assert!(
+        matches!(err, Some(Error::Exhausted { .. } | Error::Backend { .. })),
+        "{err:?}"
+    );
+    assert_idle(&fleet, &ids);
+}
+
+#[tokio::test]
 async fn a_lease_counts_the_pods_load_until_it_ends_and_sends_nothing() {
     let (fleet, ids) = fleet(&[Role::Both, Role::Both, Role::Both]);
     let backend = ScriptedBackend::new();
