@@ -69,6 +69,18 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
         ("router-gateway", &["router-service"][..]),
         // The endpoint picker for Envoy: another front over the Router.
         ("router-epp", &["router-service"][..]),
+        // The Python package: a front too, which also exposes the data
+        // layer (hashing, the index fed by event batches) to Python.
+        (
+            "router-python",
+            &[
+                "router-core",
+                "router-events",
+                "router-hash",
+                "router-index",
+                "router-service",
+            ][..],
+        ),
         // Simulated engines sit on top: they serve the gateway's API.
         (
             "router-sim-engine",

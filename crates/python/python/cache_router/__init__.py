@@ -1,0 +1,33 @@
+"""cache-router from Python: route LLM requests to the pod that holds the
+longest cached KV prefix of the prompt.
+
+- ``Tokenizer``: a model's tokenizer with the router's prompt handling.
+- ``BlockHasher``: cumulative block-hash chains of token ids.
+- ``Index``: which pod holds which block, fed by the engines' KV event
+  batches (vLLM's or SGLang's ZeroMQ msgpack bytes); longest prefix per pod.
+- ``Router``: the library router built from a config file; ``pick`` decides
+  where a request goes and returns a ``Pick`` to report back on.
+
+Every call releases the GIL while Rust works; errors raise
+``CacheRouterError`` with the Rust message.
+"""
+
+from ._native import (
+    BlockHasher,
+    CacheRouterError,
+    Index,
+    Pick,
+    Router,
+    Tokenizer,
+    __version__,
+)
+
+__all__ = [
+    "BlockHasher",
+    "CacheRouterError",
+    "Index",
+    "Pick",
+    "Router",
+    "Tokenizer",
+    "__version__",
+]
