@@ -136,6 +136,42 @@ grep -q "^(remote) *24 *0 " target/embed-loadgen.txt
 )
 check embed_proxy
 
+step "the Python package (crates/python): built once from the checkout, pytest, examples/python/proxy.py with the load generator"
+python_package() (
+set -e
+cargo build --locked -p cache-router-cli && cargo build --locked --example loadgen
+# One build (dev profile: half the time of release; the benchmark uses
+# release), installed into the venv without touching its other packages.
+rm -rf target/wheels
+PATH="$PWD/.venv/bin:$PATH" .venv/bin/maturin build --locked --profile dev -m crates/python/Cargo.toml -o target/wheels
+.venv/bin/pip install --quiet --force-reinstall --no-deps target/wheels/cache_router-*.whl
+(cd crates/python/tests && ../../../.venv/bin/python -m pytest -q -p no:cacheprovider)
+free() { .venv/bin/python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+gw_port=$(free); proxy_port=$(free)
+./target/debug/cache-router --listen "127.0.0.1:$gw_port" > target/pyproxy-engines.log 2>&1 &
+gateway_pid=$!
+trap 'kill $gateway_pid ${proxy_pid:-} 2>/dev/null || true' EXIT
+.venv/bin/python crates/python/tests/engines.py "$gw_port" > target/pyproxy.toml
+.venv/bin/python examples/python/proxy.py target/pyproxy.toml --listen "127.0.0.1:$proxy_port" > target/pyproxy.log 2>&1 &
+proxy_pid=$!
+./target/debug/examples/loadgen --url "http://127.0.0.1:$proxy_port" --sessions 8 --turns 3 --concurrency 4 | tee target/pyproxy-loadgen.txt
+.venv/bin/python - "$proxy_port" <<'PY'
+import re, sys, urllib.request
+t = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=5).read().decode()
+def total(name):
+    return sum(float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", t, re.M))
+assert total("cache_router_prompt_tokens_total") > 0, t
+assert total("cache_router_actual_cached_tokens_total") > 0, t
+assert total("cache_router_predicted_cached_tokens_total") > 0, t
+assert total("cache_router_pod_in_flight") == 0, t
+print("python proxy metrics: prompt", total("cache_router_prompt_tokens_total"),
+      "cached", total("cache_router_actual_cached_tokens_total"),
+      "predicted", total("cache_router_predicted_cached_tokens_total"))
+PY
+grep -q "^(remote) *24 *0 " target/pyproxy-loadgen.txt
+)
+check python_package
+
 step "cargo doc (RUSTDOCFLAGS=-D warnings)"
 check env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 

@@ -379,6 +379,9 @@ struct Index {
     namespace: Namespace,
     /// The pods joined and not left, as `(endpoint, dp_rank)`.
     joined: Mutex<std::collections::BTreeSet<(String, u32)>>,
+    /// Each joined pod's endpoint as a Python string, made once at join so
+    /// that answering a match makes no strings.
+    names: Mutex<std::collections::HashMap<router_core::PodId, (Py<PyString>, u32)>>,
 }
 
 impl Index {
@@ -392,14 +395,38 @@ impl Index {
             })
     }
 
-    fn answer(&self, m: &PrefixMatch) -> Vec<(String, u32, u32)> {
-        m.pods()
-            .iter()
-            .filter_map(|p| {
-                let key = self.index.pod_key(p.pod)?;
-                Some((key.endpoint().to_string(), key.dp_rank(), p.blocks))
-            })
-            .collect()
+    fn answer<'py>(&self, py: Python<'py>, m: &PrefixMatch) -> PyResult<Bound<'py, PyList>> {
+        let names = self.names.lock();
+        let out = PyList::empty(py);
+        for p in m.pods() {
+            match names.get(&p.pod) {
+                Some((name, rank)) => out.append((name.bind(py), *rank, p.blocks))?,
+                // A pod left between the match and here: answered as the
+                // index names it, if it still does.
+                None => {
+                    if let Some(key) = self.index.pod_key(p.pod) {
+                        out.append((key.endpoint(), key.dp_rank(), p.blocks))?;
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Block hashes from a Python list (the fast path) or any sequence.
+    fn chain(hashes: &Bound<'_, PyAny>) -> PyResult<Vec<BlockHash>> {
+        if let Ok(list) = hashes.cast::<PyList>() {
+            let mut out = Vec::with_capacity(list.len());
+            for h in list.iter() {
+                out.push(BlockHash(h.extract::<u64>()?));
+            }
+            return Ok(out);
+        }
+        Ok(hashes
+            .extract::<Vec<u64>>()?
+            .into_iter()
+            .map(BlockHash)
+            .collect())
     }
 }
 
@@ -424,16 +451,21 @@ impl Index {
             hasher,
             namespace: namespace(model, lora_name, cache_salt),
             joined: Mutex::default(),
+            names: Mutex::default(),
         })
     }
 
     /// Adds a pod (a no-op for one already joined).
     #[pyo3(signature = (endpoint, dp_rank = 0))]
-    fn join(&self, endpoint: &str, dp_rank: u32) -> PyResult<()> {
-        self.index
+    fn join(&self, py: Python<'_>, endpoint: &str, dp_rank: u32) -> PyResult<()> {
+        let pod = self
+            .index
             .join(&PodKey::new(endpoint, dp_rank))
             .map_err(err)?;
         self.joined.lock().insert((endpoint.to_owned(), dp_rank));
+        self.names
+            .lock()
+            .insert(pod, (PyString::new(py, endpoint).unbind(), dp_rank));
         Ok(())
     }
 
@@ -445,6 +477,7 @@ impl Index {
             return Ok(false);
         };
         self.joined.lock().remove(&(endpoint.to_owned(), dp_rank));
+        self.names.lock().remove(&pod);
         py.detach(|| {
             self.ingest.lock().forget_pod(pod);
             self.index.shutdown(pod)
@@ -485,21 +518,23 @@ impl Index {
     /// hashes, as [`BlockHasher.hash_tokens`] computes them), each as
     /// `(endpoint, dp_rank, blocks)`, longest first.
     #[pyo3(name = "match")]
-    fn match_hashes(&self, py: Python<'_>, hashes: Vec<u64>) -> Vec<(String, u32, u32)> {
-        let m = py.detach(|| {
-            let chain: Vec<BlockHash> = hashes.into_iter().map(BlockHash).collect();
-            self.index.match_prefix(&chain)
-        });
-        self.answer(&m)
+    fn match_hashes<'py>(
+        &self,
+        py: Python<'py>,
+        hashes: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let chain = Self::chain(hashes)?;
+        let m = py.detach(|| self.index.match_prefix(&chain));
+        self.answer(py, &m)
     }
 
     /// [`Index.match`] of the chain of `tokens` in the index's namespace.
-    fn match_tokens(&self, py: Python<'_>, tokens: Vec<u32>) -> Vec<(String, u32, u32)> {
+    fn match_tokens<'py>(&self, py: Python<'py>, tokens: Vec<u32>) -> PyResult<Bound<'py, PyList>> {
         let m = py.detach(|| {
             let chain = self.hasher.chain(&self.namespace, &tokens);
             self.index.match_prefix(&chain)
         });
-        self.answer(&m)
+        self.answer(py, &m)
     }
 
     /// The router hashes of `tokens` in the index's namespace.

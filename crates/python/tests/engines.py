@@ -42,15 +42,8 @@ class Engines:
             time.sleep(0.1)
         self.pods = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/admin/pods", timeout=5))
 
-    def config(self, pods=None, extra="") -> str:
-        tok = ROOT / "assets" / "tokenizers" / "qwen3"
-        out = [f'[gateway]\nmodel = "{MODEL}"\ntokenizer = "{tok}"\n{extra}']
-        for p in self.pods if pods is None else pods:
-            out.append(
-                f'[[pods]]\nname = "{p["name"]}"\nurl = "{p["url"]}"\nevents = "{p["events"]}"\n'
-                f'replay = "{p["replay"]}"\ntopic = "{p["topic"]}"\n'
-            )
-        return "\n".join(out)
+    def config(self, pods=None) -> str:
+        return config_of(self.pods if pods is None else pods)
 
     def close(self):
         self.proc.terminate()
@@ -59,6 +52,33 @@ class Engines:
         except subprocess.TimeoutExpired:
             self.proc.kill()
         self.log.close()
+
+
+def config_of(pods) -> str:
+    """A router config (the gateway's TOML) with `pods` as its [[pods]]."""
+    tok = ROOT / "assets" / "tokenizers" / "qwen3"
+    out = [f'[gateway]\nmodel = "{MODEL}"\ntokenizer = "{tok}"\n']
+    for p in pods:
+        out.append(
+            f'[[pods]]\nname = "{p["name"]}"\nurl = "{p["url"]}"\nevents = "{p["events"]}"\n'
+            f'replay = "{p["replay"]}"\ntopic = "{p["topic"]}"\n'
+        )
+    return "\n".join(out)
+
+
+def gateway_pods(port: int) -> list:
+    """The pods of a running `cache-router --listen` (its admin API)."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).status == 200:
+                break
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no gateway answered on port {port}")
+        time.sleep(0.1)
+    return json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/admin/pods", timeout=5))
 
 
 def chat(url: str, messages, max_tokens=8) -> dict:
@@ -74,3 +94,10 @@ def chat(url: str, messages, max_tokens=8) -> dict:
 def cached_tokens(response: dict) -> int:
     usage = response.get("usage") or {}
     return ((usage.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0
+
+
+if __name__ == "__main__":
+    # `python engines.py PORT`: the config of a running `cache-router --listen`.
+    import sys
+
+    print(config_of(gateway_pods(int(sys.argv[1]))))

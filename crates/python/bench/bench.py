@@ -1,0 +1,237 @@
+#!/usr/bin/env python3
+"""The package against Dynamo's Python KV router (`RadixTree` from
+ai-dynamo-runtime), and the binding's own overhead over the Rust calls.
+
+    pip install ./crates/python ai-dynamo-runtime==1.6.1 msgspec
+    python crates/python/bench/bench.py            # both parts, one run
+
+Part 1, the same workload through both indexes, each side in a fresh
+process of its own (so memory is each index's alone): W workers, prompts
+of L blocks of 16 tokens in groups sharing a system prompt, each worker
+storing its share of prompts; then queries of every prompt. Each side gets
+its own engine's wire format, encoded before the clock starts: vLLM's
+msgpack batches with the tokens (cache_router rehashes them, as it does in
+production) and Dynamo's JSON `KvCacheEvent`s with its block hashes
+(computed with its `compute_block_hash_for_seq`). Reported: apply and
+match cost per call (median of --repeats passes over every event/query)
+and the resident memory the index added.
+
+Part 2, the Python call overhead: `Router.pick` and `Index.match` from
+Python against the same work looped in Rust (`_bench_pick`, `_bench_match`)
+in the same process; the difference is what the binding costs per call.
+"""
+
+import argparse
+import json
+import os
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BS = 16
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[2]
+
+
+def rss_kib() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def workload(args):
+    rng = random.Random(args.seed)
+    systems = [[rng.randrange(1000, 150000) for _ in range(BS * args.system_blocks)] for _ in range(args.groups)]
+    prompts = []
+    for i in range(args.prompts):
+        own = [rng.randrange(1000, 150000) for _ in range(BS * (args.blocks - args.system_blocks))]
+        prompts.append(systems[i % args.groups] + own)
+    # Each prompt lands on `replicas` workers, as a router spreading load would.
+    placement = [rng.sample(range(args.workers), args.replicas) for _ in prompts]
+    return prompts, placement
+
+
+def timed(calls, repeats):
+    """Median seconds per call over `repeats` passes of `calls` (thunks)."""
+    per = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        for c in calls:
+            c()
+        per.append((time.perf_counter() - t) / len(calls))
+    return statistics.median(per)
+
+
+def side_ours(args):
+    import msgspec
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import kv_publisher
+
+    import cache_router as cr
+
+    Batch, Stored, _, _ = kv_publisher.structs(False)
+    enc = msgspec.msgpack.Encoder()
+    prompts, placement = workload(args)
+    events = []  # (endpoint, payload)
+    for p, workers in zip(prompts, placement):
+        engine = [hash(("e", tuple(p[: (i + 1) * BS]))) & (2**63 - 1) for i in range(len(p) // BS)]
+        for w in workers:
+            ev = Stored(block_hashes=engine, parent_block_hash=None, token_ids=p, block_size=BS, lora_id=None,
+                        medium="GPU", group_idx=0, kv_cache_spec_kind="full_attention")
+            events.append((f"tcp://10.0.0.{w}:5557", enc.encode(Batch(ts=0.0, events=[ev]))))
+    hasher = cr.BlockHasher(BS, model="m")
+    queries = [hasher.hash_tokens(p) for p in prompts]
+    base = rss_kib()
+    idx = cr.Index(BS, model="m")
+    for w in range(args.workers):
+        idx.join(f"tcp://10.0.0.{w}:5557")
+    t = time.perf_counter()
+    for ep, payload in events:
+        idx.apply(ep, payload)
+    apply_s = (time.perf_counter() - t) / len(events)
+    mem = rss_kib() - base
+    hits = sum(len(idx.match(q)) for q in queries)
+    match_s = timed([lambda q=q: idx.match(q) for q in queries], args.repeats)
+    return {"apply_us": apply_s * 1e6, "match_us": match_s * 1e6, "rss_mib": mem / 1024, "events": len(events),
+            "queries": len(queries), "pods_matched": hits}
+
+
+def side_dynamo(args):
+    from dynamo.llm import RadixTree, compute_block_hash_for_seq
+
+    prompts, placement = workload(args)
+    local = [compute_block_hash_for_seq(p, BS) for p in prompts]
+    events = []
+    n = 0
+    for p, h, workers in zip(prompts, local, placement):
+        engine = [hash(("e", tuple(p[: (i + 1) * BS]))) & (2**63 - 1) for i in range(len(p) // BS)]
+        blocks = [{"block_hash": e, "tokens_hash": t} for e, t in zip(engine, h)]
+        for w in workers:
+            n += 1
+            ev = {"event_id": n, "data": {"stored": {"parent_hash": None, "blocks": blocks}}}
+            events.append((w, json.dumps(ev).encode()))
+    base = rss_kib()
+    tree = RadixTree()
+    t = time.perf_counter()
+    for w, payload in events:
+        tree.apply_event(w, payload)
+    apply_s = (time.perf_counter() - t) / len(events)
+    # Its applies go to a background thread: a match after the last one
+    # sees them all (the thread serves requests in order).
+    hits = sum(len(tree.find_matches(q).scores) for q in local)
+    apply_s = max(apply_s, 0.0)
+    mem = rss_kib() - base
+    match_s = timed([lambda q=q: tree.find_matches(q) for q in local], args.repeats)
+    return {"apply_us": apply_s * 1e6, "match_us": match_s * 1e6, "rss_mib": mem / 1024, "events": len(events),
+            "queries": len(local), "pods_matched": hits}
+
+
+def overhead(args):
+    import cache_router as cr
+
+    sys.path.insert(0, str(ROOT / "crates" / "python" / "tests"))
+    from engines import Engines
+
+    out = {}
+    engines = Engines()
+    try:
+        with cr.Router(engines.config()) as router:
+            content = "What is a KV cache? " * 8
+            msgs = [{"role": "user", "content": content}]
+
+            def py_pick():
+                router.pick(messages=msgs).finish()
+
+            for _ in range(200):
+                py_pick()
+            rust, py = [], []
+            for _ in range(args.repeats):
+                rust.append(router._bench_pick(content, args.calls))
+                t = time.perf_counter()
+                for _ in range(args.calls):
+                    py_pick()
+                py.append((time.perf_counter() - t) / args.calls)
+            out["pick"] = (statistics.median(rust) * 1e6, statistics.median(py) * 1e6)
+    finally:
+        engines.close()
+    prompts, placement = workload(args)
+    hasher = cr.BlockHasher(BS, model="m")
+    idx = cr.Index(BS, model="m")
+    import msgspec
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import kv_publisher
+
+    Batch, Stored, _, _ = kv_publisher.structs(False)
+    enc = msgspec.msgpack.Encoder()
+    for w in range(args.workers):
+        idx.join(f"w{w}")
+    for p, workers in zip(prompts, placement):
+        engine = [hash(("e", tuple(p[: (i + 1) * BS]))) & (2**63 - 1) for i in range(len(p) // BS)]
+        for w in workers:
+            ev = Stored(block_hashes=engine, parent_block_hash=None, token_ids=p, block_size=BS, lora_id=None,
+                        medium="GPU", group_idx=0, kv_cache_spec_kind="full_attention")
+            idx.apply(f"w{w}", enc.encode(Batch(ts=0.0, events=[ev])))
+    q = hasher.hash_tokens(prompts[0])
+    rust, py = [], []
+    for _ in range(args.repeats):
+        rust.append(cr._native._bench_match(idx, q, args.calls * 10))
+        t = time.perf_counter()
+        for _ in range(args.calls * 10):
+            idx.match(q)
+        py.append((time.perf_counter() - t) / (args.calls * 10))
+    out["match"] = (statistics.median(rust) * 1e6, statistics.median(py) * 1e6)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description="cache_router vs Dynamo's RadixTree, and the binding's overhead")
+    ap.add_argument("--workers", type=int, default=16)
+    ap.add_argument("--prompts", type=int, default=4000)
+    ap.add_argument("--blocks", type=int, default=64, help="blocks per prompt (16 tokens each)")
+    ap.add_argument("--system-blocks", type=int, default=16)
+    ap.add_argument("--groups", type=int, default=32, help="distinct system prompts")
+    ap.add_argument("--replicas", type=int, default=2, help="workers holding each prompt")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--calls", type=int, default=2000, help="picks per overhead pass")
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--side", choices=["ours", "dynamo"], help=argparse.SUPPRESS)
+    ap.add_argument("--skip-overhead", action="store_true")
+    args = ap.parse_args()
+    if args.side:
+        print(json.dumps(side_ours(args) if args.side == "ours" else side_dynamo(args)))
+        return
+    argv = [a for a in sys.argv[1:] if a != "--skip-overhead"]
+    res = {}
+    for side in ("ours", "dynamo"):
+        out = subprocess.run([sys.executable, __file__, "--side", side] + argv, capture_output=True, text=True,
+                             timeout=1800)
+        if out.returncode != 0:
+            sys.exit(f"{side} failed:\n{out.stderr}")
+        res[side] = json.loads(out.stdout.strip().splitlines()[-1])
+    o, d = res["ours"], res["dynamo"]
+    print(f"workload: {args.workers} workers, {args.prompts} prompts of {args.blocks} blocks "
+          f"({args.system_blocks} shared by {args.groups} groups), each on {args.replicas} workers: "
+          f"{o['events']} stored events, {o['queries']} queries")
+    print(f"| per call | cache_router | dynamo RadixTree | ratio |\n|---|---|---|---|")
+    for k, name, unit in [("apply_us", "apply one event batch", "us"), ("match_us", "match one prompt", "us"),
+                          ("rss_mib", "index memory (RSS added)", "MiB")]:
+        print(f"| {name} | {o[k]:.2f} {unit} | {d[k]:.2f} {unit} | {d[k] / max(o[k], 1e-9):.1f}x |")
+    print(f"pods matched (sum over queries): cache_router {o['pods_matched']}, dynamo {d['pods_matched']}")
+    if not args.skip_overhead:
+        ov = overhead(args)
+        print("| call | Rust loop | from Python | overhead |\n|---|---|---|---|")
+        for k in ("pick", "match"):
+            r, p = ov[k]
+            print(f"| {k} | {r:.2f} us | {p:.2f} us | {p - r:.2f} us |")
+
+
+if __name__ == "__main__":
+    main()
