@@ -3,13 +3,13 @@
 //! Four classes, each a thin shell over the Rust crates so that Python gets
 //! the same answers as a Rust caller:
 //!
-//! - [`Tokenizer`]: a model's Hugging Face tokenizer with the router's
+//! - `Tokenizer`: a model's Hugging Face tokenizer with the router's
 //!   prompt handling (`router-hash`, `router-service`'s `prompt_tokens`);
-//! - [`BlockHasher`]: cumulative block-hash chains (`router-hash`);
-//! - [`Index`]: the bitmap index (`router-index`) fed by engine event
+//! - `BlockHasher`: cumulative block-hash chains (`router-hash`);
+//! - `Index`: the bitmap index (`router-index`) fed by engine event
 //!   batches in their ZeroMQ bytes (`router-events`);
-//! - [`Router`]: the library router (`router-service`) with its own tokio
-//!   runtime, and [`Pick`], one decision and its feedback.
+//! - `Router`: the library router (`router-service`) with its own tokio
+//!   runtime, and `Pick`, one decision and its feedback.
 //!
 //! The GIL is released around tokenizing, hashing, index and routing work;
 //! errors raise `CacheRouterError` with the Rust message. Conversions of
