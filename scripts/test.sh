@@ -9,6 +9,20 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 failed=()
+# Waits (60 s at most) until a server answers GET on a path with 200.
+wait_ready() {
+    .venv/bin/python - "$1" <<'PY'
+import sys, time, urllib.request
+for _ in range(600):
+    try:
+        if urllib.request.urlopen(f"http://{sys.argv[1]}", timeout=1).status == 200:
+            sys.exit(0)
+    except OSError:
+        pass
+    time.sleep(0.1)
+sys.exit(f"{sys.argv[1]} never answered")
+PY
+}
 step() { printf '\n==> %s\n' "$*"; current="$*"; }
 # Runs the rest of the line as one stage's command, recording a failure.
 # (Not inside an `if`: that would switch off `set -e` in a stage's subshell.)
@@ -117,6 +131,7 @@ for p in pods:
 PY
 ./target/debug/examples/embed target/embed.toml > target/embed-ci.log 2>&1 &
 embed_pid=$!
+wait_ready "127.0.0.1:$embed_port/metrics"
 ./target/debug/examples/loadgen --url "http://127.0.0.1:$embed_port" --sessions 8 --turns 3 --concurrency 4 | tee target/embed-loadgen.txt
 .venv/bin/python - "$embed_port" <<'PY'
 import re, sys, urllib.request
@@ -154,6 +169,7 @@ trap 'kill $gateway_pid ${proxy_pid:-} 2>/dev/null || true' EXIT
 .venv/bin/python crates/python/tests/engines.py "$gw_port" > target/pyproxy.toml
 .venv/bin/python examples/python/proxy.py target/pyproxy.toml --listen "127.0.0.1:$proxy_port" > target/pyproxy.log 2>&1 &
 proxy_pid=$!
+wait_ready "127.0.0.1:$proxy_port/health"
 ./target/debug/examples/loadgen --url "http://127.0.0.1:$proxy_port" --sessions 8 --turns 3 --concurrency 4 | tee target/pyproxy-loadgen.txt
 .venv/bin/python - "$proxy_port" <<'PY'
 import re, sys, urllib.request
