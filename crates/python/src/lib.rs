@@ -46,6 +46,9 @@ create_exception!(
 /// three or four levels; this bounds the recursion on hostile input).
 const MAX_DEPTH: usize = 64;
 
+/// Chains longer than this give the GIL up while the index matches them.
+const DETACH_ABOVE_BLOCKS: usize = 1024;
+
 fn err(e: impl std::fmt::Display) -> PyErr {
     CacheRouterError::new_err(e.to_string())
 }
@@ -55,6 +58,10 @@ fn err(e: impl std::fmt::Display) -> PyErr {
 fn to_json(obj: &Bound<'_, PyAny>, depth: usize) -> PyResult<Value> {
     if depth > MAX_DEPTH {
         return Err(err(format!("nested deeper than {MAX_DEPTH} levels")));
+    }
+    // Strings first: the leaves of a chat (roles, contents) are.
+    if let Ok(s) = obj.cast::<PyString>() {
+        return Ok(Value::String(s.to_cow()?.into_owned()));
     }
     if obj.is_none() {
         return Ok(Value::Null);
@@ -73,9 +80,6 @@ fn to_json(obj: &Bound<'_, PyAny>, depth: usize) -> PyResult<Value> {
         return serde_json::Number::from_f64(f.value())
             .map(Value::Number)
             .ok_or_else(|| err("a float that is not finite"));
-    }
-    if let Ok(s) = obj.cast::<PyString>() {
-        return Ok(Value::String(s.to_cow()?.into_owned()));
     }
     if let Ok(d) = obj.cast::<PyDict>() {
         let mut m = Map::new();
@@ -397,20 +401,24 @@ impl Index {
 
     fn answer<'py>(&self, py: Python<'py>, m: &PrefixMatch) -> PyResult<Bound<'py, PyList>> {
         let names = self.names.lock();
-        let out = PyList::empty(py);
+        let mut rows = Vec::with_capacity(m.pods().len());
         for p in m.pods() {
-            match names.get(&p.pod) {
-                Some((name, rank)) => out.append((name.bind(py), *rank, p.blocks))?,
+            let row = match names.get(&p.pod) {
+                Some((name, rank)) => (name.clone_ref(py).into_any(), *rank, p.blocks),
                 // A pod left between the match and here: answered as the
                 // index names it, if it still does.
-                None => {
-                    if let Some(key) = self.index.pod_key(p.pod) {
-                        out.append((key.endpoint(), key.dp_rank(), p.blocks))?;
-                    }
-                }
-            }
+                None => match self.index.pod_key(p.pod) {
+                    Some(key) => (
+                        PyString::new(py, key.endpoint()).into_any().unbind(),
+                        key.dp_rank(),
+                        p.blocks,
+                    ),
+                    None => continue,
+                },
+            };
+            rows.push(row);
         }
-        Ok(out)
+        PyList::new(py, rows)
     }
 
     /// Block hashes from a Python list (the fast path) or any sequence.
@@ -524,7 +532,14 @@ impl Index {
         hashes: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyList>> {
         let chain = Self::chain(hashes)?;
-        let m = py.detach(|| self.index.match_prefix(&chain));
+        // A match is a binary search per pod: well under a microsecond for
+        // chains of real prompts, less than releasing and taking back the
+        // GIL costs. Only a very long chain gives the GIL up meanwhile.
+        let m = if chain.len() > DETACH_ABOVE_BLOCKS {
+            py.detach(|| self.index.match_prefix(&chain))
+        } else {
+            self.index.match_prefix(&chain)
+        };
         self.answer(py, &m)
     }
 
