@@ -49,6 +49,23 @@ const MAX_DEPTH: usize = 64;
 /// Chains longer than this give the GIL up while the index matches them.
 const DETACH_ABOVE_BLOCKS: usize = 1024;
 
+/// A block hash from a Python int: exact ints straight through CPython's
+/// conversion (no `__index__` call, no new reference), anything else
+/// through PyO3's checked one.
+fn hash_of(h: &Bound<'_, PyAny>) -> PyResult<u64> {
+    if h.is_exact_instance_of::<PyInt>() {
+        // SAFETY: `h` is a live, exact `int` and the GIL is held.
+        let v = unsafe { pyo3::ffi::PyLong_AsUnsignedLongLong(h.as_ptr()) };
+        if v == u64::MAX
+            && let Some(e) = PyErr::take(h.py())
+        {
+            return Err(e);
+        }
+        return Ok(v);
+    }
+    h.extract::<u64>()
+}
+
 fn err(e: impl std::fmt::Display) -> PyErr {
     CacheRouterError::new_err(e.to_string())
 }
@@ -426,7 +443,7 @@ impl Index {
         if let Ok(list) = hashes.cast::<PyList>() {
             let mut out = Vec::with_capacity(list.len());
             for h in list.iter() {
-                out.push(BlockHash(h.extract::<u64>()?));
+                out.push(BlockHash(hash_of(&h)?));
             }
             return Ok(out);
         }

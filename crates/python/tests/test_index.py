@@ -143,6 +143,33 @@ def test_bad_input_raises_and_changes_nothing(vllm):
     assert idx.match_tokens(tokens) == [("a", 0, 2)]
 
 
+def test_match_takes_any_64_bit_hash_and_refuses_what_is_not_one(vllm):
+    idx = cr.Index(block_size=BS, **NS)
+    idx.join("a")
+    tokens = list(range(8))
+    idx.apply("a", vllm.batch([vllm.stored([engine_hash(tokens[:4]), engine_hash(tokens)], None, tokens, BS)]))
+    chain = idx.hash_tokens(tokens)
+    assert idx.match(chain) == [("a", 0, 2)]
+    # The same chain as a tuple, and with ints of a subclass (PyO3's path).
+    assert idx.match(tuple(chain)) == [("a", 0, 2)]
+
+    class Hash(int):
+        pass
+
+    assert idx.match([Hash(h) for h in chain]) == [("a", 0, 2)]
+    # 2**64 - 1 is a hash like any other (the value CPython also uses to
+    # signal an error); it matches nothing here.
+    assert idx.match([2**64 - 1]) == []
+    assert idx.match([chain[0], 2**64 - 1]) == [("a", 0, 1)]
+    for bad in ([2**64], [-1], [chain[0], -(2**70)]):
+        with pytest.raises(OverflowError):
+            idx.match(bad)
+    for bad in (["1"], [1.0], [None]):
+        with pytest.raises(TypeError):
+            idx.match(bad)
+    assert idx.match(chain) == [("a", 0, 2)]
+
+
 def test_a_block_whose_parent_was_never_stored_asks_for_a_resync(vllm):
     idx = cr.Index(block_size=BS, **NS)
     idx.join("a")
