@@ -9,18 +9,20 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 failed=()
-# Waits (60 s at most) until a server answers GET on a path with 200.
+# Waits (60 s at most, by the clock: a listener that accepts and never
+# answers costs a timeout per try) until GET host:port/path answers 200.
 wait_ready() {
     .venv/bin/python - "$1" <<'PY'
 import sys, time, urllib.request
-for _ in range(600):
+deadline = time.monotonic() + 60
+while time.monotonic() < deadline:
     try:
         if urllib.request.urlopen(f"http://{sys.argv[1]}", timeout=1).status == 200:
             sys.exit(0)
     except OSError:
         pass
     time.sleep(0.1)
-sys.exit(f"{sys.argv[1]} never answered")
+sys.exit(f"{sys.argv[1]} did not answer 200 within 60 s")
 PY
 }
 step() { printf '\n==> %s\n' "$*"; current="$*"; }
@@ -78,15 +80,10 @@ port=$(.venv/bin/python -c 'import socket; s = socket.socket(); s.bind(("127.0.0
 gateway_pid=$!
 trap 'kill $gateway_pid 2>/dev/null || true' EXIT
 # No curl on a fresh machine: Python's urllib waits for the gateway and checks it.
+wait_ready "127.0.0.1:$port/health"
 .venv/bin/python - "$port" <<'PY'
-import json, sys, time, urllib.request
+import json, sys, urllib.request
 base = f"http://127.0.0.1:{sys.argv[1]}"
-for _ in range(300):
-    try:
-        urllib.request.urlopen(base + "/health", timeout=1)
-        break
-    except OSError:
-        time.sleep(0.1)
 req = urllib.request.Request(base + "/v1/chat/completions", headers={"content-type": "application/json"},
     data=json.dumps({"model": "Qwen/Qwen3-0.6B", "messages": [{"role": "user", "content": "Hello"}]}).encode())
 reply = json.load(urllib.request.urlopen(req, timeout=30))
@@ -113,16 +110,10 @@ gateway_pid=$!
 trap 'kill $gateway_pid ${embed_pid:-} 2>/dev/null || true' EXIT
 # The bundled command's simulated engines, listed by its admin API, become
 # the [[pods]] of the proxy's own config: the proxy follows their events too.
+wait_ready "127.0.0.1:$gw_port/health"
 .venv/bin/python - "$gw_port" "$embed_port" "$PWD/assets/tokenizers/qwen3" > target/embed.toml <<'PY'
-import json, sys, time, urllib.request
+import json, sys, urllib.request
 gw, port, tok = sys.argv[1:]
-for _ in range(300):
-    try:
-        if urllib.request.urlopen(f"http://127.0.0.1:{gw}/health", timeout=1).status == 200:
-            break
-    except OSError:
-        pass
-    time.sleep(0.1)
 pods = json.load(urllib.request.urlopen(f"http://127.0.0.1:{gw}/admin/pods", timeout=5))
 assert len(pods) == 4, pods
 print(f'[gateway]\nlisten = "127.0.0.1:{port}"\nmodel = "Qwen/Qwen3-0.6B"\ntokenizer = "{tok}"')
