@@ -4,6 +4,7 @@ ai-dynamo-runtime), and the binding's own overhead over the Rust calls.
 
     pip install ./crates/python ai-dynamo-runtime==1.6.1 msgspec
     python crates/python/bench/bench.py            # both parts, one run
+    python crates/python/bench/bench.py --match-overhead   # Index.match's overhead alone
 
 Part 1, the same workload through both indexes, each side in a fresh
 process of its own (so memory is each index's alone): W workers, prompts
@@ -161,14 +162,30 @@ def overhead(args):
             out["pick"] = (statistics.median(rust) * 1e6, statistics.median(py) * 1e6)
     finally:
         engines.close()
-    prompts, placement = workload(args)
-    hasher = cr.BlockHasher(BS, model="m")
-    idx = cr.Index(BS, model="m")
+    idx, q = match_index(args)
+    rust, py = [], []
+    for _ in range(args.repeats):
+        rust.append(cr._native._bench_match(idx, q, args.calls * 10))
+        t = time.perf_counter()
+        for _ in range(args.calls * 10):
+            idx.match(q)
+        py.append((time.perf_counter() - t) / (args.calls * 10))
+    out["match"] = (statistics.median(rust) * 1e6, statistics.median(py) * 1e6)
+    return out
+
+
+def match_index(args):
+    """Part 1's workload in one `cache_router.Index`, and the chain of its
+    first prompt (64 blocks matching 16 pods with the defaults)."""
+    import cache_router as cr
     import msgspec
 
     sys.path.insert(0, str(ROOT / "scripts"))
     import kv_publisher
 
+    prompts, placement = workload(args)
+    hasher = cr.BlockHasher(BS, model="m")
+    idx = cr.Index(BS, model="m")
     Batch, Stored, _, _ = kv_publisher.structs(False)
     enc = msgspec.msgpack.Encoder()
     for w in range(args.workers):
@@ -179,16 +196,33 @@ def overhead(args):
             ev = Stored(block_hashes=engine, parent_block_hash=None, token_ids=p, block_size=BS, lora_id=None,
                         medium="GPU", group_idx=0, kv_cache_spec_kind="full_attention")
             idx.apply(f"w{w}", enc.encode(Batch(ts=0.0, events=[ev])))
-    q = hasher.hash_tokens(prompts[0])
-    rust, py = [], []
-    for _ in range(args.repeats):
-        rust.append(cr._native._bench_match(idx, q, args.calls * 10))
+    return idx, hasher.hash_tokens(prompts[0])
+
+
+def match_overhead(args):
+    """`Index.match` alone, no engines: 9 passes of 20,000 calls, each less
+    the same match looped in Rust; then where a call's time goes (an empty
+    chain, one block matching every holder, the whole chain). Run it with
+    one wheel, then another, in turn, to compare two builds."""
+    import timeit
+
+    import cache_router as cr
+
+    idx, q = match_index(args)
+    n = 20000
+    ov = []
+    for _ in range(9):
+        r = cr._native._bench_match(idx, q, n)
         t = time.perf_counter()
-        for _ in range(args.calls * 10):
+        for _ in range(n):
             idx.match(q)
-        py.append((time.perf_counter() - t) / (args.calls * 10))
-    out["match"] = (statistics.median(rust) * 1e6, statistics.median(py) * 1e6)
-    return out
+        ov.append((time.perf_counter() - t) / n - r)
+    print(f"match overhead over {len(q)} blocks, {len(idx.match(q))} pods: "
+          f"median {statistics.median(ov) * 1e6:.2f} us, fastest pass {min(ov) * 1e6:.2f} us")
+    for name, chain in [("match([])", []), (f"match(1 block, {len(idx.match(q[:1]))} pods)", q[:1]),
+                        (f"match({len(q)} blocks)", q)]:
+        t = min(timeit.repeat(lambda: idx.match(chain), number=50000, repeat=5)) / 50000
+        print(f"  {name}: {t * 1e6:.2f} us per call")
 
 
 def main():
@@ -204,7 +238,12 @@ def main():
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--side", choices=["ours", "dynamo"], help=argparse.SUPPRESS)
     ap.add_argument("--skip-overhead", action="store_true")
+    ap.add_argument("--match-overhead", action="store_true",
+                    help="only Index.match's overhead and its split (no Dynamo, no engines)")
     args = ap.parse_args()
+    if args.match_overhead:
+        match_overhead(args)
+        return
     if args.side:
         print(json.dumps(side_ours(args) if args.side == "ours" else side_dynamo(args)))
         return

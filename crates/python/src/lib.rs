@@ -11,7 +11,8 @@
 //! - `Router`: the library router (`router-service`) with its own tokio
 //!   runtime, and `Pick`, one decision and its feedback.
 //!
-//! The GIL is released around tokenizing, hashing, index and routing work;
+//! The GIL is released around tokenizing, hashing, event ingestion, picking
+//! and matches of long chains (a short match costs less than the release);
 //! errors raise `CacheRouterError` with the Rust message. Conversions of
 //! Python objects to JSON are bounded in depth.
 // PyO3's macros expand to code that trips these workspace lints.
@@ -612,7 +613,8 @@ impl Index {
 
 /// The library router: the pods of a config file, their events, health
 /// and load; decides where each request goes. It runs on its own tokio
-/// runtime (two worker threads); every call releases the GIL.
+/// runtime (two worker threads); every call that waits on it releases the
+/// GIL.
 #[pyclass(frozen, module = "cache_router._native")]
 struct Router {
     router: Mutex<Option<Arc<router_service::Router>>>,

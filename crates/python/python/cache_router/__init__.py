@@ -8,8 +8,9 @@ longest cached KV prefix of the prompt.
 - ``Router``: the library router built from a config file; ``pick`` decides
   where a request goes and returns a ``Pick`` to report back on.
 
-Every call releases the GIL while Rust works; errors raise
-``CacheRouterError`` with the Rust message.
+Calls that can take long (tokenizing, hashing, applying events, picking,
+matching a chain of over 1,024 blocks) release the GIL while Rust works;
+errors raise ``CacheRouterError`` with the Rust message.
 """
 
 from ._native import (
