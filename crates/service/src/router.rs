@@ -788,6 +788,35 @@ impl Router {
     ) -> Result<Pick, Refusal> {
         let arrived = Instant::now();
         let p = self.prepare(request).await?;
+        self.decide(p, arrived, eligible)
+    }
+
+    /// [`Router::pick`] done entirely on the calling thread, tokenizing
+    /// included: for a caller with threads of its own that may block (the
+    /// Python binding calls it with the GIL released), saving the hop to
+    /// the tokenizer threads and back. Never call it on an async thread;
+    /// the tokenizing bound (`tokenize_concurrency`) is the caller's to
+    /// keep here.
+    pub fn pick_blocking(&self, request: Request) -> Result<Pick, Refusal> {
+        let arrived = Instant::now();
+        let asked = self.check(&request)?;
+        let session = request.session().map(str::to_owned);
+        let s = &self.inner;
+        let (api, body) = request.into_parts();
+        let tokens = openai::prompt_tokens(api, &body, &s.tokenizer, s.sanitize_control_tokens)
+            .map_err(|e| Refusal::new("bad_request", e))?;
+        let p = self.prepared(session, body, tokens, asked)?;
+        self.decide(p, arrived, |_| true)
+    }
+
+    /// The decision of a prepared request among the pods `eligible`
+    /// accepts, as a [`Pick`].
+    fn decide(
+        &self,
+        p: Prepared,
+        arrived: Instant,
+        eligible: impl Fn(&str) -> bool,
+    ) -> Result<Pick, Refusal> {
         let s = &self.inner;
         let excluded = s.pods.ids_where(|url| !eligible(url));
         let lease = s
@@ -871,6 +900,15 @@ impl Router {
     /// Checks `request` (the served model, the context limit), tokenizes it
     /// as the engine will and hashes it into what the profiles read.
     async fn prepare(&self, request: Request) -> Result<Prepared, Refusal> {
+        let asked = self.check(&request)?;
+        let session = request.session().map(str::to_owned);
+        let (body, tokens) = self.tokenize(request).await?;
+        self.prepared(session, body, tokens, asked)
+    }
+
+    /// The checks before tokenizing: the served model, and a lower bound
+    /// of the prompt against the context limit; the tokens asked for.
+    fn check(&self, request: &Request) -> Result<u64, Refusal> {
         let s = &self.inner;
         if request.model() != s.model {
             return Err(Refusal::new(
@@ -889,8 +927,18 @@ impl Router {
                 )));
             }
         }
-        let session = request.session().map(str::to_owned);
-        let (body, tokens) = self.tokenize(request).await?;
+        Ok(asked)
+    }
+
+    /// The checks after tokenizing, and what the profiles read.
+    fn prepared(
+        &self,
+        session: Option<String>,
+        body: Value,
+        tokens: Vec<u32>,
+        asked: u64,
+    ) -> Result<Prepared, Refusal> {
+        let s = &self.inner;
         let prompt = tokens.len() as u64;
         if let Some(limit) = s.max_prompt_tokens
             && prompt.saturating_add(asked) > limit

@@ -233,3 +233,52 @@ async fn a_watched_pods_file_is_followed_and_a_broken_one_is_skipped() {
     wait_for(&["e1"]).await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocking_pick_decides_as_the_async_one_on_the_callers_thread() {
+    let (router, _engines) = router(3, "max_prompt_tokens = 2048").await;
+    let router = std::sync::Arc::new(router);
+    let first = router.pick(long_chat(2, 300)).await.unwrap();
+    send(&first.url, &long_chat(2, 300)).await;
+    first.finish(true);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut want = router.pick(long_chat(2, 300)).await.unwrap();
+    while want.predicted_cached_tokens == 0 && Instant::now() < deadline {
+        drop(want);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        want = router.pick(long_chat(2, 300)).await.unwrap();
+    }
+    let held = want;
+    let want = (
+        held.pod.clone(),
+        held.predicted_cached_tokens,
+        held.prompt_tokens,
+    );
+    held.finish(true);
+    assert!(want.1 >= 300, "{want:?}");
+    let r = router.clone();
+    let (got, other, long) = tokio::task::spawn_blocking(move || {
+        let p = r.pick_blocking(long_chat(2, 300)).expect("a pod");
+        let got = (p.pod.clone(), p.predicted_cached_tokens, p.prompt_tokens);
+        p.finish(true);
+        let other = r
+            .pick_blocking(Request::completion("another-model", "hi"))
+            .unwrap_err();
+        let long = r.pick_blocking(long_chat(0, 3000)).unwrap_err();
+        (got, other, long)
+    })
+    .await
+    .unwrap();
+    assert_eq!(got, want, "the same pod, prediction and prompt");
+    assert_eq!((other.kind, other.error.status), ("unknown_model", 404));
+    assert_eq!((long.kind, long.error.status), ("prompt_too_long", 400));
+    assert_eq!(
+        gauge(
+            &router.metrics_text(),
+            "cache_router_pod_in_flight",
+            &want.0
+        ),
+        Some(0.0),
+        "a finished blocking pick gives its load back"
+    );
+}
