@@ -4,6 +4,7 @@ ai-dynamo-runtime), and the binding's own overhead over the Rust calls.
 
     pip install ./crates/python ai-dynamo-runtime==1.6.1 msgspec
     python crates/python/bench/bench.py            # both parts, one run
+    python crates/python/bench/bench.py --overhead         # the binding's overhead alone
     python crates/python/bench/bench.py --match-overhead   # Index.match's overhead alone
 
 Part 1, the same workload through both indexes, each side in a fresh
@@ -144,33 +145,46 @@ def overhead(args):
     engines = Engines()
     try:
         with cr.Router(engines.config()) as router:
-            content = "What is a KV cache? " * 8
-            msgs = [{"role": "user", "content": content}]
+            for key, content in (("pick", "What is a KV cache? " * 8), ("pick_word", "Hi")):
+                msgs = [{"role": "user", "content": content}]
 
-            def py_pick():
-                router.pick(messages=msgs).finish()
+                def py_pick():
+                    router.pick(messages=msgs).finish()
 
-            for _ in range(200):
-                py_pick()
-            rust, py = [], []
-            for _ in range(args.repeats):
-                rust.append(router._bench_pick(content, args.calls))
-                t = time.perf_counter()
-                for _ in range(args.calls):
+                for _ in range(200):
                     py_pick()
-                py.append((time.perf_counter() - t) / args.calls)
-            out["pick"] = (statistics.median(rust) * 1e6, statistics.median(py) * 1e6)
+                # Short passes in adjacent pairs, the overhead the median of
+                # each pair's difference: the machine's speed drifts by more
+                # than the overhead between passes far apart.
+                rust, py = [], []
+                calls = max(args.calls // 4, 1)
+                for _ in range(4 * args.repeats):
+                    rust.append(router._bench_pick(content, calls))
+                    t = time.perf_counter()
+                    for _ in range(calls):
+                        py_pick()
+                    py.append((time.perf_counter() - t) / calls)
+                out[key] = (statistics.median(rust) * 1e6, statistics.median(py) * 1e6,
+                            statistics.median(p - r for p, r in zip(py, rust)) * 1e6)
+            # Apart, after: the async path's threads would otherwise share
+            # the passes above.
+            content = "What is a KV cache? " * 8
+            hop = [router._bench_pick(content, args.calls, hop=True) for _ in range(args.repeats)]
+            out["pick_hop"] = statistics.median(hop) * 1e6
     finally:
         engines.close()
     idx, q = match_index(args)
-    rust, py = [], []
-    for _ in range(args.repeats):
-        rust.append(cr._native._bench_match(idx, q, args.calls * 10))
-        t = time.perf_counter()
-        for _ in range(args.calls * 10):
-            idx.match(q)
-        py.append((time.perf_counter() - t) / (args.calls * 10))
-    out["match"] = (statistics.median(rust) * 1e6, statistics.median(py) * 1e6)
+    as_list = q.tolist()
+    for name, chain in (("match", q), ("match_list", as_list)):
+        rust, py = [], []
+        for _ in range(4 * args.repeats):
+            rust.append(cr._native._bench_match(idx, chain, args.calls * 3))
+            t = time.perf_counter()
+            for _ in range(args.calls * 3):
+                idx.match(chain)
+            py.append((time.perf_counter() - t) / (args.calls * 3))
+        out[name] = (statistics.median(rust) * 1e6, statistics.median(py) * 1e6,
+                     statistics.median(p - r for p, r in zip(py, rust)) * 1e6)
     return out
 
 
@@ -201,24 +215,30 @@ def match_index(args):
 
 def match_overhead(args):
     """`Index.match` alone, no engines: 9 passes of 20,000 calls, each less
-    the same match looped in Rust; then where a call's time goes (an empty
-    chain, one block matching every holder, the whole chain). Run it with
-    one wheel, then another, in turn, to compare two builds."""
+    the same match looped in Rust, of the hasher's answer (a `Chain`, where
+    the wheel has them) and of the same hashes in a list; then where a
+    call's time goes (an empty chain, one block matching every holder, the
+    whole chain). Run it with one wheel, then another, in turn, to compare
+    two builds."""
     import timeit
 
     import cache_router as cr
 
     idx, q = match_index(args)
     n = 20000
-    ov = []
-    for _ in range(9):
-        r = cr._native._bench_match(idx, q, n)
-        t = time.perf_counter()
-        for _ in range(n):
-            idx.match(q)
-        ov.append((time.perf_counter() - t) / n - r)
-    print(f"match overhead over {len(q)} blocks, {len(idx.match(q))} pods: "
-          f"median {statistics.median(ov) * 1e6:.2f} us, fastest pass {min(ov) * 1e6:.2f} us")
+    kinds = [("a list of ints", list(q))]
+    if hasattr(cr, "Chain"):
+        kinds.insert(0, ("a Chain", q))
+    for kind, chain in kinds:
+        ov = []
+        for _ in range(9):
+            r = cr._native._bench_match(idx, chain, n)
+            t = time.perf_counter()
+            for _ in range(n):
+                idx.match(chain)
+            ov.append((time.perf_counter() - t) / n - r)
+        print(f"match overhead over {len(q)} blocks as {kind}, {len(idx.match(q))} pods: "
+              f"median {statistics.median(ov) * 1e6:.2f} us, fastest pass {min(ov) * 1e6:.2f} us")
     for name, chain in [("match([])", []), (f"match(1 block, {len(idx.match(q[:1]))} pods)", q[:1]),
                         (f"match({len(q)} blocks)", q)]:
         t = min(timeit.repeat(lambda: idx.match(chain), number=50000, repeat=5)) / 50000
@@ -240,9 +260,14 @@ def main():
     ap.add_argument("--skip-overhead", action="store_true")
     ap.add_argument("--match-overhead", action="store_true",
                     help="only Index.match's overhead and its split (no Dynamo, no engines)")
+    ap.add_argument("--overhead", action="store_true",
+                    help="only the binding's overhead over the Rust calls (no Dynamo)")
     args = ap.parse_args()
     if args.match_overhead:
         match_overhead(args)
+        return
+    if args.overhead:
+        print_overhead(overhead(args))
         return
     if args.side:
         print(json.dumps(side_ours(args) if args.side == "ours" else side_dynamo(args)))
@@ -265,12 +290,17 @@ def main():
         print(f"| {name} | {o[k]:.2f} {unit} | {d[k]:.2f} {unit} | {d[k] / max(o[k], 1e-9):.1f}x |")
     print(f"pods matched (sum over queries): cache_router {o['pods_matched']}, dynamo {d['pods_matched']}")
     if not args.skip_overhead:
-        ov = overhead(args)
-        print("| call | Rust loop | from Python | overhead |\n|---|---|---|---|")
-        for k in ("pick", "match"):
-            r, p = ov[k]
-            print(f"| {k} | {r:.2f} us | {p:.2f} us | {p - r:.2f} us |")
+        print_overhead(overhead(args))
 
+
+def print_overhead(ov):
+    print("medians of 20 passes in adjacent pairs; overhead: the median of each pair's difference")
+    print("| call | Rust loop | from Python | overhead |\n|---|---|---|---|")
+    for k, name in (("pick", "pick (a 40-word message)"), ("pick_word", "pick (a one-word message)"),
+                    ("match", "match (a Chain)"), ("match_list", "match (a list of ints)")):
+        r, p, d = ov[k]
+        print(f"| {name} | {r:.2f} us | {p:.2f} us | {d:.2f} us |")
+    print(f"the Rust loop of the async pick (its tokenizing on the router's threads): {ov['pick_hop']:.2f} us")
 
 if __name__ == "__main__":
     main()

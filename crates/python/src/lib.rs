@@ -1,15 +1,18 @@
 //! cache-router from Python: the native module `cache_router._native`.
 //!
-//! Four classes, each a thin shell over the Rust crates so that Python gets
-//! the same answers as a Rust caller:
+//! Thin shells over the Rust crates, so that Python gets the same answers
+//! as a Rust caller:
 //!
 //! - `Tokenizer`: a model's Hugging Face tokenizer with the router's
 //!   prompt handling (`router-hash`, `router-service`'s `prompt_tokens`);
-//! - `BlockHasher`: cumulative block-hash chains (`router-hash`);
+//! - `BlockHasher`: cumulative block-hash chains (`router-hash`), given as
+//!   `Chain`s, the hashes held natively (an immutable sequence of ints to
+//!   Python) so that a match converts nothing;
 //! - `Index`: the bitmap index (`router-index`) fed by engine event
 //!   batches in their ZeroMQ bytes (`router-events`);
 //! - `Router`: the library router (`router-service`) with its own tokio
-//!   runtime, and `Pick`, one decision and its feedback.
+//!   runtime, and `Pick`, one decision and its feedback (decided on the
+//!   caller's thread, `pick_blocking`).
 //!
 //! The GIL is released around tokenizing, hashing, event ingestion, picking
 //! and matches of long chains (a short match costs less than the release);
@@ -24,9 +27,11 @@ use std::time::Instant;
 
 use parking_lot::Mutex;
 use pyo3::create_exception;
-use pyo3::exceptions::PyException;
+use pyo3::exceptions::{PyException, PyIndexError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
+use pyo3::types::{
+    PyBool, PyBytes, PyDict, PyFloat, PyInt, PyIterator, PyList, PySlice, PyString, PyTuple,
+};
 use router_core::{
     BlockHash, BlockHasher as _, Namespace, PodDirectory, PodKey, PrefixIndex, PrefixMatch,
 };
@@ -161,8 +166,168 @@ fn namespace(
     ns
 }
 
-fn u64s(chain: &[BlockHash]) -> Vec<u64> {
-    chain.iter().map(|h| h.0).collect()
+/// A chain of block hashes held natively: what the hashers return and
+/// [`Index.match`] reads without converting a thing. It behaves as an
+/// immutable sequence of ints (length, indexing, slices, iteration,
+/// equality with any sequence of the same ints, hashing as the tuple of
+/// them, pickling).
+#[pyclass(frozen, sequence, module = "cache_router._native")]
+struct Chain {
+    hashes: Vec<BlockHash>,
+}
+
+impl Chain {
+    fn of(hashes: Vec<BlockHash>) -> Self {
+        Chain { hashes }
+    }
+
+    fn ints(&self) -> impl ExactSizeIterator<Item = u64> + '_ {
+        self.hashes.iter().map(|h| h.0)
+    }
+}
+
+#[pymethods]
+impl Chain {
+    /// A chain of the ints of `hashes` (any iterable of ints of 64 bits).
+    #[new]
+    #[pyo3(signature = (hashes = None))]
+    fn new(hashes: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+        Ok(Chain::of(match hashes {
+            Some(h) => hash_seq(h)?,
+            None => Vec::new(),
+        }))
+    }
+
+    fn __len__(&self) -> usize {
+        self.hashes.len()
+    }
+
+    /// One hash by position (negative from the end), or a slice as a chain.
+    fn __getitem__<'py>(&self, key: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        let py = key.py();
+        if let Ok(slice) = key.cast::<PySlice>() {
+            let ix = slice.indices(self.hashes.len() as isize)?;
+            let mut out = Vec::with_capacity(ix.slicelength);
+            let mut i = ix.start;
+            for _ in 0..ix.slicelength {
+                out.push(self.hashes[i as usize]);
+                i += ix.step;
+            }
+            return Ok(Bound::new(py, Chain::of(out))?.into_any());
+        }
+        let i: isize = key.extract()?;
+        let n = self.hashes.len() as isize;
+        let at = if i < 0 { i + n } else { i };
+        if !(0..n).contains(&at) {
+            return Err(PyIndexError::new_err("chain index out of range"));
+        }
+        Ok(self.hashes[at as usize].0.into_pyobject(py)?.into_any())
+    }
+
+    fn __iter__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyIterator>> {
+        PyList::new(py, self.ints())?.into_any().try_iter()
+    }
+
+    fn __contains__(&self, h: &Bound<'_, PyAny>) -> bool {
+        hash_of(h).is_ok_and(|h| self.hashes.contains(&BlockHash(h)))
+    }
+
+    /// Equal to another chain, or to any sequence (not a string) of the
+    /// same ints in the same order.
+    fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
+        if let Ok(c) = other.cast::<Chain>() {
+            return c.get().hashes == self.hashes;
+        }
+        if other.is_instance_of::<PyString>() || other.is_instance_of::<PyBytes>() {
+            return false;
+        }
+        hash_seq(other).is_ok_and(|v| v == self.hashes)
+    }
+
+    /// The hash of the tuple of the same ints (equal objects hash alike).
+    fn __hash__(&self, py: Python<'_>) -> PyResult<isize> {
+        PyTuple::new(py, self.ints())?.hash()
+    }
+
+    fn __repr__(&self) -> String {
+        let n = self.hashes.len();
+        let show = |hs: &[BlockHash]| {
+            hs.iter()
+                .map(|h| h.0.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        if n <= 6 {
+            format!("Chain([{}])", show(&self.hashes))
+        } else {
+            format!(
+                "Chain([{}, ... {} more ..., {}])",
+                show(&self.hashes[..3]),
+                n - 5,
+                show(&self.hashes[n - 2..])
+            )
+        }
+    }
+
+    /// The hashes as a list of ints.
+    fn tolist<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        PyList::new(py, self.ints())
+    }
+
+    fn __reduce__<'py>(
+        slf: &Bound<'py, Self>,
+    ) -> PyResult<(Bound<'py, PyAny>, (Bound<'py, PyList>,))> {
+        let py = slf.py();
+        Ok((py.get_type::<Chain>().into_any(), (slf.get().tolist(py)?,)))
+    }
+}
+
+/// Block hashes of a chain (as is), a list (the fast path) or any
+/// iterable of ints.
+fn hash_seq(hashes: &Bound<'_, PyAny>) -> PyResult<Vec<BlockHash>> {
+    if let Ok(c) = hashes.cast::<Chain>() {
+        return Ok(c.get().hashes.clone());
+    }
+    if let Ok(list) = hashes.cast::<PyList>() {
+        let mut out = Vec::with_capacity(list.len());
+        let mut i = 0;
+        // The length is read again each turn: a subclass's `__index__`
+        // may shorten the list.
+        while i < list.len() {
+            // SAFETY: the GIL is held and `i` is below the list's length;
+            // the borrowed item lives while the list holds it, and nothing
+            // runs Python code before it is read (an exact int) or owned.
+            let item = unsafe { pyo3::ffi::PyList_GetItem(list.as_ptr(), i as isize) };
+            if item.is_null() {
+                return Err(PyErr::fetch(list.py()));
+            }
+            // SAFETY: as above.
+            let exact = unsafe { pyo3::ffi::PyLong_CheckExact(item) } != 0;
+            let h = if exact {
+                // SAFETY: an exact int, the GIL held; no Python code runs.
+                let v = unsafe { pyo3::ffi::PyLong_AsUnsignedLongLong(item) };
+                if v == u64::MAX
+                    && let Some(e) = PyErr::take(list.py())
+                {
+                    return Err(e);
+                }
+                v
+            } else {
+                // SAFETY: a live item of the list; owned (a new reference)
+                // before any Python code can run.
+                let owned = unsafe { Bound::from_borrowed_ptr(list.py(), item) };
+                hash_of(&owned)?
+            };
+            out.push(BlockHash(h));
+            i += 1;
+        }
+        return Ok(out);
+    }
+    let mut out = Vec::new();
+    for h in hashes.try_iter()? {
+        out.push(BlockHash(hash_of(&h?)?));
+    }
+    Ok(out)
 }
 
 /// A model's tokenizer (`tokenizer.json`, with `tokenizer_config.json`'s
@@ -367,7 +532,7 @@ impl BlockHasher {
         py: Python<'_>,
         tokens: Vec<u32>,
         extras: Option<Vec<(usize, usize, u64)>>,
-    ) -> Vec<u64> {
+    ) -> Chain {
         let extras: Vec<ExtraKey> = extras
             .unwrap_or_default()
             .into_iter()
@@ -380,10 +545,13 @@ impl BlockHasher {
                 self.hasher
                     .chain_with_extras(&self.namespace, &tokens, &extras)
             };
-            u64s(&chain)
+            Chain::of(chain)
         })
     }
 }
+
+/// A joined pod as a match answers it: its id, endpoint and rank.
+type Named = (router_core::PodId, Py<PyString>, u32);
 
 /// The ingestion side of an [`Index`]: engine hashes to router hashes.
 type Ingest = Ingestor<ChainHasher, Arc<BitmapIndex>>;
@@ -401,9 +569,9 @@ struct Index {
     namespace: Namespace,
     /// The pods joined and not left, as `(endpoint, dp_rank)`.
     joined: Mutex<std::collections::BTreeSet<(String, u32)>>,
-    /// Each joined pod's endpoint as a Python string, made once at join so
-    /// that answering a match makes no strings.
-    names: Mutex<std::collections::HashMap<router_core::PodId, (Py<PyString>, u32)>>,
+    /// By slot: each joined pod's id, its endpoint as a Python string (made
+    /// once at join, so that answering a match makes no strings) and rank.
+    names: Mutex<Vec<Option<Named>>>,
 }
 
 impl Index {
@@ -421,8 +589,12 @@ impl Index {
         let names = self.names.lock();
         let mut rows = Vec::with_capacity(m.pods().len());
         for p in m.pods() {
-            let row = match names.get(&p.pod) {
-                Some((name, rank)) => (name.clone_ref(py).into_any(), *rank, p.blocks),
+            let known = names
+                .get(usize::from(p.pod.slot()))
+                .and_then(Option::as_ref)
+                .filter(|(id, _, _)| *id == p.pod);
+            let row = match known {
+                Some((_, name, rank)) => (name.clone_ref(py).into_any(), *rank, p.blocks),
                 // A pod left between the match and here: answered as the
                 // index names it, if it still does.
                 None => match self.index.pod_key(p.pod) {
@@ -437,22 +609,6 @@ impl Index {
             rows.push(row);
         }
         PyList::new(py, rows)
-    }
-
-    /// Block hashes from a Python list (the fast path) or any sequence.
-    fn chain(hashes: &Bound<'_, PyAny>) -> PyResult<Vec<BlockHash>> {
-        if let Ok(list) = hashes.cast::<PyList>() {
-            let mut out = Vec::with_capacity(list.len());
-            for h in list.iter() {
-                out.push(BlockHash(hash_of(&h)?));
-            }
-            return Ok(out);
-        }
-        Ok(hashes
-            .extract::<Vec<u64>>()?
-            .into_iter()
-            .map(BlockHash)
-            .collect())
     }
 }
 
@@ -489,9 +645,12 @@ impl Index {
             .join(&PodKey::new(endpoint, dp_rank))
             .map_err(err)?;
         self.joined.lock().insert((endpoint.to_owned(), dp_rank));
-        self.names
-            .lock()
-            .insert(pod, (PyString::new(py, endpoint).unbind(), dp_rank));
+        let mut names = self.names.lock();
+        let slot = usize::from(pod.slot());
+        if names.len() <= slot {
+            names.resize_with(slot + 1, || None);
+        }
+        names[slot] = Some((pod, PyString::new(py, endpoint).unbind(), dp_rank));
         Ok(())
     }
 
@@ -503,7 +662,9 @@ impl Index {
             return Ok(false);
         };
         self.joined.lock().remove(&(endpoint.to_owned(), dp_rank));
-        self.names.lock().remove(&pod);
+        if let Some(e) = self.names.lock().get_mut(usize::from(pod.slot())) {
+            *e = None;
+        }
         py.detach(|| {
             self.ingest.lock().forget_pod(pod);
             self.index.shutdown(pod)
@@ -549,14 +710,22 @@ impl Index {
         py: Python<'py>,
         hashes: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyList>> {
-        let chain = Self::chain(hashes)?;
+        // A chain is read where it lies; anything else is converted.
+        let owned;
+        let chain: &[BlockHash] = match hashes.cast::<Chain>() {
+            Ok(c) => &c.get().hashes,
+            Err(_) => {
+                owned = hash_seq(hashes)?;
+                &owned
+            }
+        };
         // A match is a binary search per pod: well under a microsecond for
         // chains of real prompts, less than releasing and taking back the
         // GIL costs. Only a very long chain gives the GIL up meanwhile.
         let m = if chain.len() > DETACH_ABOVE_BLOCKS {
-            py.detach(|| self.index.match_prefix(&chain))
+            py.detach(|| self.index.match_prefix(chain))
         } else {
-            self.index.match_prefix(&chain)
+            self.index.match_prefix(chain)
         };
         self.answer(py, &m)
     }
@@ -571,8 +740,8 @@ impl Index {
     }
 
     /// The router hashes of `tokens` in the index's namespace.
-    fn hash_tokens(&self, py: Python<'_>, tokens: Vec<u32>) -> Vec<u64> {
-        py.detach(|| u64s(&self.hasher.chain(&self.namespace, &tokens)))
+    fn hash_tokens(&self, py: Python<'_>, tokens: Vec<u32>) -> Chain {
+        py.detach(|| Chain::of(self.hasher.chain(&self.namespace, &tokens)))
     }
 
     /// The pods joined, as `(endpoint, dp_rank)`.
@@ -630,16 +799,19 @@ impl Router {
             .ok_or_else(|| err("the router is closed"))
     }
 
+    fn handle(&self) -> PyResult<tokio::runtime::Handle> {
+        self.runtime
+            .lock()
+            .as_ref()
+            .map(|r| r.handle().clone())
+            .ok_or_else(|| err("the router is closed"))
+    }
+
     fn block_on<T>(&self, py: Python<'_>, f: impl Future<Output = T> + Send) -> PyResult<T>
     where
         T: Send,
     {
-        let handle = self
-            .runtime
-            .lock()
-            .as_ref()
-            .map(|r| r.handle().clone())
-            .ok_or_else(|| err("the router is closed"))?;
+        let handle = self.handle()?;
         Ok(py.detach(|| handle.block_on(f)))
     }
 }
@@ -741,8 +913,15 @@ impl Router {
             request = request.with_session(s);
         }
         let router = self.get()?;
-        let pick = self
-            .block_on(py, async move { router.pick(request).await })?
+        let handle = self.handle()?;
+        // Decided on this thread with the GIL released (no hop to the
+        // router's tokenizer threads and back), inside the runtime's
+        // context for whatever the decision starts there.
+        let pick = py
+            .detach(|| {
+                let _in = handle.enter();
+                router.pick_blocking(request)
+            })
             .map_err(err)?;
         Ok(Pick {
             pod: pick.pod.clone(),
@@ -832,21 +1011,38 @@ impl Router {
 
     /// Measures the Rust side of [`Router.pick`] on its own, for the
     /// binding-overhead benchmark: `n` picks of a chat of one user message
-    /// `content`, each finished at once; returns seconds per pick.
-    #[pyo3(signature = (content, n))]
-    fn _bench_pick(&self, py: Python<'_>, content: String, n: u32) -> PyResult<f64> {
+    /// `content`, each finished at once, on this thread as `pick` makes
+    /// them (`pick_blocking`), or with `hop` through the async `pick` and
+    /// the router's tokenizer threads; returns seconds per pick.
+    #[pyo3(signature = (content, n, hop = false))]
+    fn _bench_pick(&self, py: Python<'_>, content: String, n: u32, hop: bool) -> PyResult<f64> {
         let router = self.get()?;
         let model = self.model.clone();
-        self.block_on(py, async move {
+        let n = n.max(1);
+        if hop {
+            return self.block_on(py, async move {
+                let start = Instant::now();
+                for _ in 0..n {
+                    let r = Request::chat(&model, [("user", content.as_str())]);
+                    if let Ok(p) = router.pick(r).await {
+                        p.finish(true);
+                    }
+                }
+                start.elapsed().as_secs_f64() / f64::from(n)
+            });
+        }
+        let handle = self.handle()?;
+        Ok(py.detach(|| {
+            let _in = handle.enter();
             let start = Instant::now();
-            for _ in 0..n.max(1) {
+            for _ in 0..n {
                 let r = Request::chat(&model, [("user", content.as_str())]);
-                if let Ok(p) = router.pick(r).await {
+                if let Ok(p) = router.pick_blocking(r) {
                     p.finish(true);
                 }
             }
-            start.elapsed().as_secs_f64() / f64::from(n.max(1))
-        })
+            start.elapsed().as_secs_f64() / f64::from(n)
+        }))
     }
 }
 
@@ -925,9 +1121,9 @@ impl Pick {
 /// Measures the Rust side of [`Index.match`] on its own, for the
 /// binding-overhead benchmark: `n` matches of `hashes`; seconds per match.
 #[pyfunction]
-fn _bench_match(py: Python<'_>, index: &Index, hashes: Vec<u64>, n: u32) -> f64 {
-    py.detach(|| {
-        let chain: Vec<BlockHash> = hashes.into_iter().map(BlockHash).collect();
+fn _bench_match(py: Python<'_>, index: &Index, hashes: &Bound<'_, PyAny>, n: u32) -> PyResult<f64> {
+    let chain = hash_seq(hashes)?;
+    Ok(py.detach(|| {
         let start = Instant::now();
         let mut found = 0usize;
         for _ in 0..n.max(1) {
@@ -935,7 +1131,7 @@ fn _bench_match(py: Python<'_>, index: &Index, hashes: Vec<u64>, n: u32) -> f64 
         }
         std::hint::black_box(found);
         start.elapsed().as_secs_f64() / f64::from(n.max(1))
-    })
+    }))
 }
 
 /// The native module.
@@ -945,6 +1141,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("CacheRouterError", m.py().get_type::<CacheRouterError>())?;
     m.add_class::<Tokenizer>()?;
     m.add_class::<BlockHasher>()?;
+    m.add_class::<Chain>()?;
     m.add_class::<Index>()?;
     m.add_class::<Router>()?;
     m.add_class::<Pick>()?;

@@ -2,7 +2,9 @@
 longest cached KV prefix of the prompt.
 
 - ``Tokenizer``: a model's tokenizer with the router's prompt handling.
-- ``BlockHasher``: cumulative block-hash chains of token ids.
+- ``BlockHasher``: cumulative block-hash chains of token ids, as ``Chain``
+  objects (immutable sequences of ints held natively, which ``Index.match``
+  reads without converting them).
 - ``Index``: which pod holds which block, fed by the engines' KV event
   batches (vLLM's or SGLang's ZeroMQ msgpack bytes); longest prefix per pod.
 - ``Router``: the library router built from a config file; ``pick`` decides
@@ -16,6 +18,7 @@ errors raise ``CacheRouterError`` with the Rust message.
 from ._native import (
     BlockHasher,
     CacheRouterError,
+    Chain,
     Index,
     Pick,
     Router,
@@ -26,6 +29,7 @@ from ._native import (
 __all__ = [
     "BlockHasher",
     "CacheRouterError",
+    "Chain",
     "Index",
     "Pick",
     "Router",
