@@ -153,17 +153,18 @@ def overhead(args):
 
                 for _ in range(200):
                     py_pick()
-                # Short passes in adjacent pairs, the overhead the median of
-                # each pair's difference: the machine's speed drifts by more
-                # than the overhead between passes far apart.
+                # Single calls in adjacent pairs (one from Python, timed
+                # around the call; one in Rust, timed inside), the overhead
+                # the median of the pairs' differences: the machine's speed
+                # drifts by more than the overhead between passes far apart.
+                clock = time.perf_counter
+                empty = min(-(clock() - clock()) for _ in range(1000))
                 rust, py = [], []
-                calls = max(args.calls // 4, 1)
-                for _ in range(4 * args.repeats):
-                    rust.append(router._bench_pick(content, calls))
-                    t = time.perf_counter()
-                    for _ in range(calls):
-                        py_pick()
-                    py.append((time.perf_counter() - t) / calls)
+                for _ in range(args.calls * args.repeats):
+                    rust.append(router._bench_pick(content, 1))
+                    t = clock()
+                    py_pick()
+                    py.append(clock() - t - empty)
                 out[key] = (statistics.median(rust) * 1e6, statistics.median(py) * 1e6,
                             statistics.median(p - r for p, r in zip(py, rust)) * 1e6)
             # Apart, after: the async path's threads would otherwise share
@@ -294,7 +295,8 @@ def main():
 
 
 def print_overhead(ov):
-    print("medians of 20 passes in adjacent pairs; overhead: the median of each pair's difference")
+    print("pick: medians of single calls in adjacent pairs; match: of 20 passes in adjacent pairs; "
+          "overhead: the median of the pairs' differences")
     print("| call | Rust loop | from Python | overhead |\n|---|---|---|---|")
     for k, name in (("pick", "pick (a 40-word message)"), ("pick_word", "pick (a one-word message)"),
                     ("match", "match (a Chain)"), ("match_list", "match (a list of ints)")):
