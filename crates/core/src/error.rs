@@ -26,6 +26,10 @@ pub enum Error {
         /// The parent it named.
         parent: crate::BlockHash,
     },
+    /// The sink keeps one group per pod (a plain index): a hybrid model's
+    /// other groups need one that keeps them (router-index's `HybridIndex`).
+    #[error("this index does not keep a hybrid model's other KV-cache groups")]
+    GroupsUnsupported,
     /// Every pod slot is taken.
     #[error("no free pod slot: the index holds at most {limit} pods")]
     TooManyPods {

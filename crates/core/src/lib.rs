@@ -18,6 +18,9 @@
 //! - Results: [`PodMatch`] and [`PrefixMatch`], the ranked answer to "which
 //!   pods hold the longest prefix of this chain".
 //! - Events: [`CacheEvent`], what event sources produce and sinks apply.
+//! - Hybrid models: [`GroupSpec`] and [`GroupKind`] (a KV-cache group and
+//!   the hit its layers accept), [`combined_hit`] (the engine's rule over
+//!   all groups).
 //! - Mixing: [`mix64`], the one 64-bit mixer every crate uses.
 //! - Traits: [`BlockHasher`] (tokens to chain), [`PrefixIndex`] (query),
 //!   [`CacheEventSink`] (apply events), [`PodDirectory`] (pod lifecycle).
@@ -40,6 +43,7 @@
 mod block;
 mod error;
 mod event;
+mod group;
 mod matching;
 mod mix;
 mod pod;
@@ -49,6 +53,7 @@ mod traits;
 pub use block::{BlockHash, Namespace};
 pub use error::Error;
 pub use event::CacheEvent;
+pub use group::{GroupChange, GroupError, GroupKind, GroupSpec, combined_hit};
 pub use matching::{PodMatch, PrefixMatch};
 pub use mix::{GOLDEN_GAMMA, mix64};
 pub use pod::{PodId, PodKey};

@@ -109,6 +109,32 @@ impl PrefixMatch {
         self.indexed = false;
     }
 
+    /// Shortens matches, for an index that refines another's answer (a
+    /// hybrid model's other KV-cache groups): each pod's blocks become
+    /// `limit(its match)` where that is less (0 drops the pod), and the
+    /// pods are ranked again.
+    pub fn limit(&mut self, mut limit: impl FnMut(PodMatch) -> u32) {
+        if self.table_set {
+            for m in &self.pods {
+                if let Some(e) = self.at_slot.get_mut(m.pod.slot() as usize) {
+                    *e = 0;
+                }
+            }
+            self.table_set = false;
+        }
+        self.indexed = false;
+        let mut changed = false;
+        self.pods.retain_mut(|m| {
+            let b = limit(*m).min(m.blocks);
+            changed |= b != m.blocks;
+            m.blocks = b;
+            b > 0
+        });
+        if changed {
+            self.rank();
+        }
+    }
+
     /// Builds the slot table that makes [`PrefixMatch::blocks_for`] O(1),
     /// for callers that look up many pods in one result. It costs a write
     /// per matched pod (and one more in the next reset), which queries
@@ -230,6 +256,28 @@ mod tests {
             // Looked up with and without the table, and with a stale one.
             if round % 3 != 0 {
                 m.index_slots();
+            }
+            if round % 7 == 0 {
+                // Shortened after a table was built: dropped pods must not
+                // linger in the table, and the order stays ranked.
+                let before: Vec<PodMatch> = m.pods().to_vec();
+                m.limit(|p| p.blocks / 2 + u32::from(p.pod.slot() % 3 == 0) * 9);
+                assert!(m.pods().iter().all(|p| p.blocks > 0));
+                assert_eq!(
+                    m.pods().len(),
+                    before
+                        .iter()
+                        .filter(|p| (p.blocks / 2 + u32::from(p.pod.slot() % 3 == 0) * 9)
+                            .min(p.blocks)
+                            > 0)
+                        .count()
+                );
+                if before.iter().any(|p| p.pod.slot() % 3 != 0) {
+                    assert!(m.pods().windows(2).all(|w| w[0].blocks >= w[1].blocks));
+                }
+                if round % 2 == 0 {
+                    m.index_slots();
+                }
             }
             if round % 5 == 0 {
                 m.push(PodMatch {

@@ -1,5 +1,6 @@
 use crate::{
-    BlockHash, CacheEvent, Error, Namespace, PodId, PodKey, PrefixMatch, Tier, TierCounts,
+    BlockHash, CacheEvent, Error, GroupChange, GroupSpec, Namespace, PodId, PodKey, PrefixMatch,
+    Tier, TierCounts,
 };
 
 /// Turns tokens into a cumulative block-hash chain.
@@ -88,6 +89,23 @@ pub trait CacheEventSink: Send + Sync {
         let _ = parent;
         self.apply(&CacheEvent::Stored { pod, tier, blocks })
     }
+
+    /// Applies a store or removal of `blocks` (router hashes of the main
+    /// chain's positions) in one of a hybrid model's other KV-cache groups
+    /// (`spec`: sliding window, Mamba, ...). Sinks that keep one group per
+    /// pod refuse with [`Error::GroupsUnsupported`]: their predictions are
+    /// then the full-attention upper bound.
+    fn apply_group(
+        &self,
+        pod: PodId,
+        spec: &GroupSpec,
+        tier: Tier,
+        change: GroupChange,
+        blocks: &[BlockHash],
+    ) -> Result<(), Error> {
+        let _ = (pod, spec, tier, change, blocks);
+        Err(Error::GroupsUnsupported)
+    }
 }
 
 /// Pod lifecycle: external keys in, compact ids out.
@@ -141,6 +159,9 @@ macro_rules! forward {
             }
             fn apply_stored(&self, pod: PodId, tier: Tier, parent: Option<BlockHash>, blocks: Vec<BlockHash>) -> Result<(), Error> {
                 (**self).apply_stored(pod, tier, parent, blocks)
+            }
+            fn apply_group(&self, pod: PodId, spec: &GroupSpec, tier: Tier, change: GroupChange, blocks: &[BlockHash]) -> Result<(), Error> {
+                (**self).apply_group(pod, spec, tier, change, blocks)
             }
         }
 

@@ -61,6 +61,8 @@ pub struct BlockStored {
     pub group_idx: Option<u32>,
     /// The group's kind (`full_attention`, `sliding_window`, `mamba`, ...).
     pub kv_cache_spec_kind: Option<String>,
+    /// A sliding-window group's window, in tokens.
+    pub kv_cache_spec_sliding_window: Option<u32>,
     /// The request's cache salt, if the engine reports it.
     pub cache_salt: Option<String>,
 }
@@ -235,6 +237,7 @@ fn stored_field(r: &mut Reader<'_>, s: &mut BlockStored, name: &str) -> Result<(
         "extra_keys" => s.extra_keys = extra_keys(r)?,
         "group_idx" => s.group_idx = opt_u32(r)?,
         "kv_cache_spec_kind" => s.kv_cache_spec_kind = opt_str(r)?,
+        "kv_cache_spec_sliding_window" => s.kv_cache_spec_sliding_window = opt_u32(r)?,
         "cache_salt" => s.cache_salt = opt_str(r)?,
         _ => {
             r.skip()?;

@@ -61,6 +61,38 @@ pub enum WireEvent {
     },
     /// The whole cache was cleared.
     Cleared,
+    /// Blocks entered one KV-cache group of a hybrid model, as vLLM
+    /// publishes them: `hashes` may skip blocks that `tokens` cover (a
+    /// sliding window or Mamba group keeps only some), and the group's
+    /// kind and window ride along.
+    GroupStored {
+        /// The blocks' hashes (the same hashes the full-attention group
+        /// gives the same token prefix).
+        hashes: Vec<u64>,
+        /// The hash of the block before the first, if any.
+        parent: Option<u64>,
+        /// The tokens of the range the blocks lie in.
+        tokens: Vec<u32>,
+        /// Tokens per block.
+        block_size: u32,
+        /// Where the blocks live.
+        medium: &'static str,
+        /// The group's index.
+        group: u32,
+        /// vLLM's `kv_cache_spec_kind` (`sliding_window`, `mamba`, ...).
+        kind: &'static str,
+        /// A sliding window's size in tokens.
+        window: Option<u32>,
+    },
+    /// Blocks left one KV-cache group.
+    GroupRemoved {
+        /// Their hashes.
+        hashes: Vec<u64>,
+        /// The tier they left.
+        medium: &'static str,
+        /// The group's index.
+        group: u32,
+    },
 }
 
 /// One field's value.
@@ -106,6 +138,46 @@ fn fields(e: &WireEvent) -> (&'static str, Vec<(&'static str, Field<'_>)>) {
                 ("block_hashes", Field::Uints(hashes)),
                 ("medium", Field::Str(medium)),
                 ("group_idx", Field::Nil),
+            ],
+        ),
+        WireEvent::GroupStored {
+            hashes,
+            parent,
+            tokens,
+            block_size,
+            medium,
+            group,
+            kind,
+            window,
+        } => (
+            "BlockStored",
+            vec![
+                ("block_hashes", Field::Uints(hashes)),
+                ("parent_block_hash", Field::OptUint(*parent)),
+                ("token_ids", Field::Tokens(tokens)),
+                ("block_size", Field::Uint(u64::from(*block_size))),
+                ("lora_id", Field::Nil),
+                ("medium", Field::Str(medium)),
+                ("lora_name", Field::Nil),
+                ("extra_keys", Field::Nil),
+                ("group_idx", Field::Uint(u64::from(*group))),
+                ("kv_cache_spec_kind", Field::Str(kind)),
+                (
+                    "kv_cache_spec_sliding_window",
+                    Field::OptUint(window.map(u64::from)),
+                ),
+            ],
+        ),
+        WireEvent::GroupRemoved {
+            hashes,
+            medium,
+            group,
+        } => (
+            "BlockRemoved",
+            vec![
+                ("block_hashes", Field::Uints(hashes)),
+                ("medium", Field::Str(medium)),
+                ("group_idx", Field::Uint(u64::from(*group))),
             ],
         ),
         WireEvent::Cleared => ("AllBlocksCleared", Vec::new()),

@@ -2,7 +2,10 @@
 
 use std::collections::HashMap;
 
-use router_core::{BlockHash, BlockHasher, CacheEvent, CacheEventSink, Namespace, PodId, Tier};
+use router_core::{
+    BlockHash, BlockHasher, CacheEvent, CacheEventSink, Error, GroupChange, GroupKind, GroupSpec,
+    Namespace, PodId, Tier,
+};
 
 use crate::decode::{BlockRemoved, BlockStored, EngineEvent, EventBatch};
 
@@ -23,9 +26,23 @@ pub struct IngestStats {
     /// Stores whose parent block the router never saw (a missed event):
     /// skipped, and the pod marked for resynchronisation.
     pub unknown_parent: u64,
-    /// Events of other KV-cache groups (sliding window, mamba, ...), which
-    /// do not feed prefix routing.
+    /// Events of a hybrid model's other KV-cache groups (sliding window,
+    /// Mamba, ...) that did not feed routing because the sink keeps one
+    /// group per pod (a plain index: predictions are then the
+    /// full-attention upper bound).
     pub other_group: u64,
+    /// Blocks stored in other KV-cache groups and applied.
+    pub group_blocks_stored: u64,
+    /// Blocks removed from other KV-cache groups and applied.
+    pub group_blocks_removed: u64,
+    /// Events of groups the router cannot model (an unknown kind, a
+    /// window missing, chunked local attention without a configured chunk
+    /// size, a block size other than the full-attention group's): skipped,
+    /// so that pod's predictions are an upper bound.
+    pub unsupported_group: u64,
+    /// Blocks of other groups whose router hash could not be found (their
+    /// full-attention block unknown and the event too sparse to hash).
+    pub unresolved_group_blocks: u64,
     /// Events with a medium the router does not know.
     pub unknown_medium: u64,
     /// Stores whose token count did not cover their blocks.
@@ -73,8 +90,31 @@ struct Known {
 
 #[derive(Debug, Default)]
 struct PodState {
+    /// The full-attention group's blocks.
     blocks: FastMap<u64, Known>,
     needs_resync: bool,
+    /// The group index of the full-attention group routing follows (the
+    /// first seen; `None` until then).
+    main_group: Option<u32>,
+    /// Its block size, once seen.
+    main_block_size: Option<u32>,
+    /// A hybrid model's other groups, by group index.
+    groups: FastMap<u32, GroupState>,
+}
+
+/// One of a pod's other KV-cache groups: what it is and its blocks.
+#[derive(Debug)]
+struct GroupState {
+    spec: GroupSpec,
+    blocks: FastMap<u64, Known>,
+}
+
+/// Whether a kind names a full-attention group (absent: the default).
+fn is_full(kind: Option<&str>) -> bool {
+    matches!(
+        kind,
+        None | Some("full_attention") | Some("mla_attention") | Some("sink_full_attention")
+    )
 }
 
 /// Turns decoded engine batches into router cache events for a sink.
@@ -92,6 +132,25 @@ pub struct Ingestor<H, S> {
     pods: FastMap<PodId, PodState>,
     stats: IngestStats,
     scratch: Vec<BlockHash>,
+    /// Chunked local attention's chunk, which vLLM's events do not carry.
+    chunk_size: Option<u32>,
+    /// The sink refused a group's event as unsupported: other groups are
+    /// counted in `other_group` and not kept.
+    groups_off: bool,
+    /// Blocks of other groups stored in this batch before their
+    /// full-attention block (an engine publishes its groups in group
+    /// order, and a sliding window is often group 0): resolved when that
+    /// block is stored later in the batch, counted unresolved at its end.
+    pending: Vec<Pending>,
+}
+
+/// A block of another group waiting for its router hash.
+#[derive(Clone, Copy, Debug)]
+struct Pending {
+    group: u32,
+    spec: GroupSpec,
+    tier: Tier,
+    engine: u64,
 }
 
 impl<H, S> std::fmt::Debug for Ingestor<H, S> {
@@ -115,7 +174,18 @@ impl<H: BlockHasher, S: CacheEventSink> Ingestor<H, S> {
             pods: FastMap::default(),
             stats: IngestStats::default(),
             scratch: Vec::new(),
+            chunk_size: None,
+            groups_off: false,
+            pending: Vec::new(),
         }
+    }
+
+    /// Sets chunked local attention's chunk size in tokens (Llama 4's
+    /// `attention_chunk_size`), which vLLM's events do not carry: without
+    /// it, such groups' events are counted in `unsupported_group`.
+    pub fn with_chunk_size(mut self, tokens: Option<u32>) -> Self {
+        self.chunk_size = tokens;
+        self
     }
 
     /// The counts so far.
@@ -236,10 +306,14 @@ impl<H: BlockHasher, S: CacheEventSink> Ingestor<H, S> {
                 EngineEvent::BlockRemoved(r) => self.removed(pod, r),
                 EngineEvent::AllBlocksCleared => {
                     self.pods.remove(&pod);
+                    self.pending.clear();
                     self.send(CacheEvent::Cleared { pod });
                 }
             }
         }
+        // Other groups' blocks whose full-attention block never came.
+        self.stats.unresolved_group_blocks += self.pending.len() as u64;
+        self.pending.clear();
     }
 
     fn send(&mut self, event: CacheEvent) {
@@ -255,16 +329,24 @@ impl<H: BlockHasher, S: CacheEventSink> Ingestor<H, S> {
         }
     }
 
-    fn main_group(&mut self, group: Option<u32>, kind: Option<&str>) -> bool {
-        let main = matches!(group, None | Some(0)) && matches!(kind, None | Some("full_attention"));
-        if !main {
-            self.stats.other_group += 1;
+    /// Whether a store of `group` (of `kind`) belongs to `pod`'s main
+    /// group (the first full-attention group seen), learning it.
+    fn is_main_store(&mut self, pod: PodId, group: u32, kind: Option<&str>) -> bool {
+        let state = self.pods.entry(pod).or_default();
+        match state.main_group {
+            Some(g) => g == group,
+            None if is_full(kind) => {
+                state.main_group = Some(group);
+                true
+            }
+            None => false,
         }
-        main
     }
 
     fn stored(&mut self, pod: PodId, s: &BlockStored) {
-        if !self.main_group(s.group_idx, s.kv_cache_spec_kind.as_deref()) {
+        let group = s.group_idx.unwrap_or(0);
+        if !self.is_main_store(pod, group, s.kv_cache_spec_kind.as_deref()) {
+            self.group_stored(pod, group, s);
             return;
         }
         let Some(tier) = tier_of(s.medium.as_deref()) else {
@@ -280,6 +362,7 @@ impl<H: BlockHasher, S: CacheEventSink> Ingestor<H, S> {
             return;
         }
         let state = self.pods.entry(pod).or_default();
+        state.main_block_size = Some(bs as u32);
         let mut parent = match s.parent_block_hash {
             None => {
                 let mut ns = Namespace::default();
@@ -340,6 +423,9 @@ impl<H: BlockHasher, S: CacheEventSink> Ingestor<H, S> {
         let blocks = std::mem::take(&mut self.scratch);
         let applied = self.sink.apply_stored(pod, tier, first_parent, blocks);
         self.count(applied);
+        if !self.pending.is_empty() {
+            self.resolve_pending(pod);
+        }
         // After the store: a hash reused within this very chain replaced a
         // block the store just put in.
         for (old, tiers) in replaced {
@@ -358,7 +444,15 @@ impl<H: BlockHasher, S: CacheEventSink> Ingestor<H, S> {
     }
 
     fn removed(&mut self, pod: PodId, r: &BlockRemoved) {
-        if !self.main_group(r.group_idx, None) {
+        let group = r.group_idx.unwrap_or(0);
+        // Another group's: not the main group once that is known, or one
+        // of the other groups stored before it was.
+        let other = self.pods.get(&pod).is_some_and(|p| match p.main_group {
+            Some(m) => m != group,
+            None => p.groups.contains_key(&group),
+        });
+        if other {
+            self.group_removed(pod, group, r);
             return;
         }
         let Some(tier) = tier_of(r.medium.as_deref()) else {
@@ -386,6 +480,243 @@ impl<H: BlockHasher, S: CacheEventSink> Ingestor<H, S> {
         self.stats.blocks_removed += blocks.len() as u64;
         if !blocks.is_empty() {
             self.send(CacheEvent::Removed { pod, tier, blocks });
+        }
+    }
+
+    /// The namespace root of a store's chain.
+    fn root_of(&self, s: &BlockStored) -> BlockHash {
+        let mut ns = Namespace::default();
+        ns.model = self.model.clone();
+        ns.lora_name = s.lora_name.clone();
+        ns.cache_salt = s.cache_salt.clone();
+        self.hasher.root(&ns)
+    }
+
+    /// A store in one of a hybrid model's other groups. Groups with the
+    /// full-attention group's block size publish the same engine hashes
+    /// for the same token prefix, so each block's router hash is found
+    /// through the group's own map, then the full-attention group's; a
+    /// dense event (tokens for exactly its blocks) is hashed from its
+    /// parent otherwise. Sparse events (a window or Mamba keeping some
+    /// blocks of a range) are never mapped to positions through their
+    /// tokens (vLLM issue 44451).
+    fn group_stored(&mut self, pod: PodId, group: u32, s: &BlockStored) {
+        if self.groups_off {
+            self.stats.other_group += 1;
+            return;
+        }
+        let Some(tier) = tier_of(s.medium.as_deref()) else {
+            self.stats.unknown_medium += 1;
+            return;
+        };
+        let bs = if s.block_size > 0 {
+            s.block_size
+        } else {
+            self.default_block_size
+        };
+        let kind = s.kv_cache_spec_kind.as_deref().unwrap_or("full_attention");
+        let spec = GroupKind::from_vllm(kind, s.kv_cache_spec_sliding_window, self.chunk_size)
+            .and_then(|k| GroupSpec::new(group, k, bs));
+        let main_bs = self
+            .pods
+            .get(&pod)
+            .and_then(|p| p.main_block_size)
+            .unwrap_or(self.default_block_size);
+        let spec = match spec {
+            Ok(spec) if spec.block_size == main_bs => spec,
+            _ => {
+                self.stats.unsupported_group += 1;
+                return;
+            }
+        };
+        if s.block_hashes.is_empty() {
+            return;
+        }
+        let dense_root = (s.parent_block_hash.is_none()).then(|| self.root_of(s));
+        let state = self.pods.entry(pod).or_default();
+        let gs = state.groups.entry(group).or_insert_with(|| GroupState {
+            spec,
+            blocks: FastMap::default(),
+        });
+        if gs.spec != spec {
+            // The group changed (a restarted engine): the sink voids it too.
+            gs.spec = spec;
+            gs.blocks.clear();
+        }
+        let lookup = |gs: &GroupState, main: &FastMap<u64, Known>, h: u64| {
+            gs.blocks.get(&h).or_else(|| main.get(&h)).map(|k| k.router)
+        };
+        let mut routers: Vec<Option<BlockHash>> = s
+            .block_hashes
+            .iter()
+            .map(|&h| lookup(gs, &state.blocks, h))
+            .collect();
+        let bsz = bs as usize;
+        if routers.iter().any(Option::is_none) && s.token_ids.len() == s.block_hashes.len() * bsz {
+            let parent = match s.parent_block_hash {
+                None => dense_root,
+                Some(ph) => lookup(gs, &state.blocks, ph),
+            };
+            if let Some(mut parent) = parent {
+                for (i, tokens) in s.token_ids.chunks_exact(bsz).enumerate() {
+                    let extra: &[u64] = match s.extra_keys.get(i) {
+                        Some(Some(k)) => std::slice::from_ref(k),
+                        _ => &[],
+                    };
+                    parent = self.hasher.hash_block(parent, tokens, extra);
+                    routers[i].get_or_insert(parent);
+                }
+            }
+        }
+        let bit = 1u8 << tier as u8;
+        let mut blocks = Vec::with_capacity(routers.len());
+        let mut replaced: Vec<(BlockHash, u8)> = Vec::new();
+        for (&engine, router) in s.block_hashes.iter().zip(&routers) {
+            let Some(router) = *router else {
+                // Bounded by the batch: resolved or counted at its end.
+                self.pending.push(Pending {
+                    group,
+                    spec,
+                    tier,
+                    engine,
+                });
+                continue;
+            };
+            let known = gs
+                .blocks
+                .entry(engine)
+                .or_insert(Known { router, tiers: 0 });
+            if known.router != router {
+                replaced.push((known.router, known.tiers));
+                known.tiers = 0;
+                known.router = router;
+            }
+            known.tiers |= bit;
+            blocks.push(router);
+        }
+        for (old, tiers) in replaced {
+            self.stats.replaced_hashes += 1;
+            for t in Tier::ALL
+                .into_iter()
+                .filter(|t| tiers & (1 << *t as u8) != 0)
+            {
+                let r = self
+                    .sink
+                    .apply_group(pod, &spec, t, GroupChange::Removed, &[old]);
+                self.group_applied(r, 0, false);
+            }
+        }
+        if blocks.is_empty() {
+            return;
+        }
+        let r = self
+            .sink
+            .apply_group(pod, &spec, tier, GroupChange::Stored, &blocks);
+        self.group_applied(r, blocks.len(), true);
+    }
+
+    /// Resolves the pending blocks whose full-attention block is now
+    /// known, and applies them.
+    fn resolve_pending(&mut self, pod: PodId) {
+        let Some(state) = self.pods.get_mut(&pod) else {
+            return;
+        };
+        let mut ready: Vec<(GroupSpec, Tier, BlockHash)> = Vec::new();
+        self.pending.retain(|p| {
+            let Some(router) = state.blocks.get(&p.engine).map(|k| k.router) else {
+                return true;
+            };
+            let Some(gs) = state.groups.get_mut(&p.group) else {
+                return false;
+            };
+            if gs.spec != p.spec {
+                return false;
+            }
+            let known = gs
+                .blocks
+                .entry(p.engine)
+                .or_insert(Known { router, tiers: 0 });
+            known.router = router;
+            known.tiers |= 1 << p.tier as u8;
+            ready.push((p.spec, p.tier, router));
+            false
+        });
+        for (spec, tier, router) in ready {
+            let r = self
+                .sink
+                .apply_group(pod, &spec, tier, GroupChange::Stored, &[router]);
+            self.group_applied(r, 1, true);
+        }
+    }
+
+    /// A removal from one of a hybrid model's other groups.
+    fn group_removed(&mut self, pod: PodId, group: u32, r: &BlockRemoved) {
+        if self.groups_off {
+            self.stats.other_group += 1;
+            return;
+        }
+        let Some(tier) = tier_of(r.medium.as_deref()) else {
+            self.stats.unknown_medium += 1;
+            return;
+        };
+        let bit = 1u8 << tier as u8;
+        // A block stored earlier in this batch and not resolved yet.
+        self.pending.retain(|p| {
+            !(p.group == group && p.tier == tier && r.block_hashes.contains(&p.engine))
+        });
+        let Some(gs) = self
+            .pods
+            .get_mut(&pod)
+            .and_then(|p| p.groups.get_mut(&group))
+        else {
+            self.stats.unknown_removed += r.block_hashes.len() as u64;
+            return;
+        };
+        let spec = gs.spec;
+        let mut blocks = Vec::with_capacity(r.block_hashes.len());
+        let mut unknown = 0;
+        for engine in &r.block_hashes {
+            match gs.blocks.get_mut(engine) {
+                Some(k) => {
+                    blocks.push(k.router);
+                    k.tiers &= !bit;
+                    if k.tiers == 0 {
+                        gs.blocks.remove(engine);
+                    }
+                }
+                None => unknown += 1,
+            }
+        }
+        self.stats.unknown_removed += unknown;
+        if blocks.is_empty() {
+            return;
+        }
+        let res = self
+            .sink
+            .apply_group(pod, &spec, tier, GroupChange::Removed, &blocks);
+        self.group_applied(res, blocks.len(), false);
+    }
+
+    /// Counts what the sink did with a group's event; a sink that keeps
+    /// one group per pod switches groups off (and their maps go).
+    fn group_applied(&mut self, r: Result<(), Error>, blocks: usize, stored: bool) {
+        match r {
+            Ok(()) => {
+                self.stats.events_applied += 1;
+                if stored {
+                    self.stats.group_blocks_stored += blocks as u64;
+                } else {
+                    self.stats.group_blocks_removed += blocks as u64;
+                }
+            }
+            Err(Error::GroupsUnsupported) => {
+                self.stats.other_group += 1;
+                self.groups_off = true;
+                for p in self.pods.values_mut() {
+                    p.groups = FastMap::default();
+                }
+            }
+            Err(_) => self.stats.sink_refused += 1,
         }
     }
 }

@@ -165,6 +165,7 @@ pub struct Subscriber {
     tasks: Mutex<HashMap<PodId, Task>>,
     counters: Arc<Counters>,
     on_clear: Option<ClearHook>,
+    chunk_size: Option<u32>,
 }
 
 /// Called when a pod's record is cleared (see [`Subscriber::on_clear`]).
@@ -200,7 +201,16 @@ impl Subscriber {
             tasks: Mutex::new(HashMap::new()),
             counters: Arc::default(),
             on_clear: None,
+            chunk_size: None,
         }
+    }
+
+    /// Chunked local attention's chunk size in tokens, for hybrid models
+    /// that have such a group (see [`crate::Ingestor::with_chunk_size`]). Applies
+    /// to streams added afterwards.
+    pub fn with_chunk_size(mut self, tokens: Option<u32>) -> Self {
+        self.chunk_size = tokens;
+        self
     }
 
     /// Also calls `hook` whenever a followed pod's record is cleared (a
@@ -220,12 +230,15 @@ impl Subscriber {
     /// pod when its engine restarts, and replaying the buffer again (at
     /// most every 5 s) when a store's parent is unknown.
     pub fn add(&self, stream: PodStream) {
-        let ingest: SharedIngestor = Arc::new(Mutex::new(Ingestor::new(
-            self.hasher.clone(),
-            self.sink.clone(),
-            self.model.clone(),
-            self.block_size,
-        )));
+        let ingest: SharedIngestor = Arc::new(Mutex::new(
+            Ingestor::new(
+                self.hasher.clone(),
+                self.sink.clone(),
+                self.model.clone(),
+                self.block_size,
+            )
+            .with_chunk_size(self.chunk_size),
+        ));
         let sink = Arc::new(LocalSink {
             ingest: ingest.clone(),
             counters: self.counters.clone(),

@@ -83,6 +83,9 @@
 //!   [`Tier`], [`CacheEvent`], [`PrefixMatch`] and the rest of what an
 //!   embedder names.
 //! - [`HostBitmap`]: the fixed-width pod set.
+//! - [`HybridIndex`]: the index plus a hybrid model's other KV-cache
+//!   groups per pod (sliding window, Mamba, chunked local attention),
+//!   answering with the hit every group accepts, as vLLM's engine does.
 //!
 //! # Example: embedding it
 //!
@@ -117,6 +120,7 @@
 mod array;
 mod bitmap;
 mod holders;
+mod hybrid;
 mod index;
 mod seqlock;
 mod shard;
@@ -124,12 +128,13 @@ mod sync;
 mod table;
 
 pub use bitmap::{HostBitmap, Ones};
+pub use hybrid::HybridIndex;
 pub use index::{HashChain, Index, IndexConfig, IndexStats};
 /// The vocabulary an embedder needs, from `router-core`, so one dependency
 /// is enough.
 pub use router_core::{
-    BlockHash, CacheEvent, CacheEventSink, Error, PodDirectory, PodId, PodKey, PodMatch,
-    PrefixIndex, PrefixMatch, Tier, TierCounts,
+    BlockHash, CacheEvent, CacheEventSink, Error, GroupChange, GroupKind, GroupSpec, PodDirectory,
+    PodId, PodKey, PodMatch, PrefixIndex, PrefixMatch, Tier, TierCounts,
 };
 
 #[cfg(all(test, router_loom))]

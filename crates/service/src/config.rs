@@ -163,6 +163,18 @@ pub struct GatewayConfig {
     /// its engine's KV capacity); the least recently routed leave first.
     #[serde(default = "default_approx_capacity")]
     pub approx_capacity_blocks: usize,
+    /// Hybrid models: predict hits from every KV-cache group the vLLM
+    /// engines report (sliding window, Mamba, chunked local attention), as
+    /// the engine accepts them. `false` keeps the full-attention-only view
+    /// (every peer router's), an upper bound for hybrid models.
+    #[serde(default = "yes")]
+    pub hybrid_groups: bool,
+    /// Chunked local attention's chunk in tokens (Llama 4's
+    /// `attention_chunk_size`), which vLLM's events do not carry. Without
+    /// it such groups' events are skipped and counted
+    /// (`cache_router_events_skipped_total{reason="unsupported_group"}`).
+    #[serde(default)]
+    pub attention_chunk_size: Option<u32>,
 }
 
 /// The `[nats]` table: this gateway is one of several replicas sharing

@@ -104,6 +104,10 @@ fn add_stats(a: &mut IngestStats, b: &IngestStats) {
     a.sink_refused += b.sink_refused;
     a.unknown_events += b.unknown_events;
     a.replaced_hashes += b.replaced_hashes;
+    a.group_blocks_stored += b.group_blocks_stored;
+    a.group_blocks_removed += b.group_blocks_removed;
+    a.unsupported_group += b.unsupported_group;
+    a.unresolved_group_blocks += b.unresolved_group_blocks;
 }
 
 impl Pods {

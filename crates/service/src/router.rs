@@ -10,14 +10,14 @@ use std::task::{Context as TaskContext, Poll};
 use std::time::{Duration, Instant};
 
 use futures::Stream;
-use router_core::{Namespace, PodId};
+use router_core::{Namespace, PodId, PrefixIndex};
 use router_events::Subscriber;
 use router_exec::{
     BackendError, Chunk, Error as ExecError, Execution, Executor, Feedback, Lease, RetryPolicy,
     Shortcut, StepKind, StepRequest, Workflow,
 };
 use router_hash::{ChainHasher, ModelTokenizer};
-use router_index::{Index, IndexConfig};
+use router_index::{HybridIndex, Index, IndexConfig};
 use router_policy::builtin::{
     BreakerConfig, CircuitBreaker, Evictions, Memory, PrefixMatchPrepare, RoutedChains,
 };
@@ -385,7 +385,7 @@ impl Filter for SharedBreaker {
 /// The plugin registry: the built-ins, `prefix-match` timed into the
 /// metrics, and one circuit breaker shared by every profile.
 fn registry(
-    index: Arc<Index>,
+    index: Arc<dyn PrefixIndex>,
     metrics: Arc<Metrics>,
     breaker_slot: Arc<OnceLock<Arc<CircuitBreaker>>>,
     routed: Arc<RoutedChains>,
@@ -576,6 +576,9 @@ fn too_long(what: String) -> Refusal {
 /// The pieces [`Router::start`] wires before the pods join.
 struct Parts {
     index: Arc<Index>,
+    /// The index plus hybrid models' other KV-cache groups: what the
+    /// decision reads and the events feed (with `hybrid_groups`).
+    hybrid: Arc<HybridIndex>,
     fleet: Arc<Fleet>,
     routed: Arc<RoutedChains>,
     backend: Arc<HttpBackend>,
@@ -589,10 +592,17 @@ impl Parts {
         let g = &config.gateway;
         let metrics = Arc::new(Metrics::new());
         let index: Arc<Index> = Index::new(IndexConfig::default());
+        let hybrid = HybridIndex::new(index.clone());
+        // The full-attention-only view reads the index alone.
+        let decided: Arc<dyn PrefixIndex> = if g.hybrid_groups {
+            hybrid.clone()
+        } else {
+            index.clone()
+        };
         let breaker_slot = Arc::new(OnceLock::new());
         let routed = Arc::new(RoutedChains::new(Memory::SPECULATIVE));
         let registry = registry(
-            index.clone(),
+            decided,
             metrics.clone(),
             breaker_slot.clone(),
             routed.clone(),
@@ -615,6 +625,7 @@ impl Parts {
         );
         let parts = Parts {
             index,
+            hybrid,
             fleet: Arc::new(Fleet::new()),
             routed,
             backend,
@@ -654,15 +665,22 @@ impl Router {
         let (p, extra_ca) = Parts::new(&config)?;
         let forget = p.routed.clone();
         // Registrations end when the engine evicts their blocks.
-        let sink: Arc<dyn router_core::CacheEventSink> =
-            Arc::new(Evictions::new(p.index.clone(), p.routed.clone()));
+        // With `hybrid_groups` off, the plain index refuses other groups'
+        // events (counted as `other_group`).
+        let sink: Arc<dyn router_core::CacheEventSink> = if g.hybrid_groups {
+            Arc::new(Evictions::new(p.hybrid.clone(), p.routed.clone()))
+        } else {
+            Arc::new(Evictions::new(p.index.clone(), p.routed.clone()))
+        };
         let subscriber = Subscriber::new(
             Arc::new(hasher),
             sink.clone(),
-            p.index.clone(),
+            // Shutdowns through it forget a pod's groups too.
+            p.hybrid.clone(),
             Some(g.model.clone()),
             g.block_size,
         )
+        .with_chunk_size(g.attention_chunk_size)
         .on_clear(Arc::new(move |pod, _| forget.remove_pod(pod)));
         let replica = match &config.nats {
             Some(n) => Some(Arc::new(
@@ -1108,6 +1126,8 @@ impl Router {
         for (reason, n) in [
             ("unknown_parent", ingest.unknown_parent),
             ("other_group", ingest.other_group),
+            ("unsupported_group", ingest.unsupported_group),
+            ("unresolved_group_block", ingest.unresolved_group_blocks),
             ("unknown_medium", ingest.unknown_medium),
             ("token_mismatch", ingest.token_mismatch),
             ("unknown_removed", ingest.unknown_removed),

@@ -28,6 +28,22 @@ fn sample() -> Vec<WireEvent> {
             medium: "GPU",
         },
         WireEvent::Cleared,
+        // A sparse sliding-window group: two hashes over three blocks' tokens.
+        WireEvent::GroupStored {
+            hashes: vec![7, u64::MAX],
+            parent: None,
+            tokens: (0..48).collect(),
+            block_size: 16,
+            medium: "GPU",
+            group: 1,
+            kind: "sliding_window",
+            window: Some(128),
+        },
+        WireEvent::GroupRemoved {
+            hashes: vec![7],
+            medium: "GPU",
+            group: 1,
+        },
     ]
 }
 
@@ -54,6 +70,10 @@ events = [
            token_ids=list(range(16)), block_size=16, lora_id=None, medium="GPU"),
     Removed(block_hashes=[7, 70000], medium="GPU"),
     Cleared(),
+    Stored(block_hashes=[7, 2**64 - 1], parent_block_hash=None, token_ids=list(range(48)), block_size=16,
+           lora_id=None, medium="GPU", group_idx=1, kv_cache_spec_kind="sliding_window",
+           kv_cache_spec_sliding_window=128),
+    Removed(block_hashes=[7], medium="GPU", group_idx=1),
 ]
 print(msgspec.msgpack.encode(Batch(ts=1.5, events=events, data_parallel_rank=0)).hex())
 "#,
@@ -89,7 +109,7 @@ fn batches_decode_back_to_the_same_events() {
         let batch = decode_batch(&encode_batch(2.25, &sample(), None, enc)).unwrap();
         assert_eq!(batch.ts, 2.25);
         assert_eq!(batch.dp_rank, None);
-        assert_eq!(batch.events.len(), 4);
+        assert_eq!(batch.events.len(), 6);
         match &batch.events[0] {
             EngineEvent::BlockStored(s) => {
                 assert_eq!(s.block_hashes, [7, 1 << 40, u64::MAX]);
@@ -109,6 +129,21 @@ fn batches_decode_back_to_the_same_events() {
             other => panic!("{other:?}"),
         }
         assert_eq!(batch.events[3], EngineEvent::AllBlocksCleared);
+        match (&batch.events[4], &batch.events[5]) {
+            (EngineEvent::BlockStored(s), EngineEvent::BlockRemoved(r)) => {
+                assert_eq!(
+                    (
+                        s.group_idx,
+                        s.kv_cache_spec_kind.as_deref(),
+                        s.kv_cache_spec_sliding_window
+                    ),
+                    (Some(1), Some("sliding_window"), Some(128))
+                );
+                assert_eq!((s.block_hashes.len(), s.token_ids.len()), (2, 48));
+                assert_eq!((r.group_idx, &r.block_hashes[..]), (Some(1), &[7][..]));
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }
 
@@ -133,9 +168,46 @@ fn event() -> impl Strategy<Value = WireEvent> {
                     medium,
                 }
             }),
-        (proptest::collection::vec(any::<u64>(), 0..6), medium)
+        (
+            proptest::collection::vec(any::<u64>(), 0..6),
+            medium.clone()
+        )
             .prop_map(|(hashes, medium)| WireEvent::Removed { hashes, medium }),
         Just(WireEvent::Cleared),
+        (
+            proptest::collection::vec(any::<u64>(), 0..6),
+            proptest::option::of(any::<u64>()),
+            (1u32..5, 0u32..4),
+            medium.clone(),
+            (0u32..8, prop_oneof![Just("sliding_window"), Just("mamba")]),
+            proptest::option::of(2u32..4096),
+        )
+            .prop_map(
+                |(hashes, parent, (block_size, spare), medium, (group, kind), window)| {
+                    // A sparse group: the tokens cover more blocks than hashed.
+                    let tokens = (0..(hashes.len() as u32 + spare) * block_size).collect();
+                    WireEvent::GroupStored {
+                        hashes,
+                        parent,
+                        tokens,
+                        block_size,
+                        medium,
+                        group,
+                        kind,
+                        window,
+                    }
+                }
+            ),
+        (
+            proptest::collection::vec(any::<u64>(), 0..6),
+            medium,
+            0u32..8
+        )
+            .prop_map(|(hashes, medium, group)| WireEvent::GroupRemoved {
+                hashes,
+                medium,
+                group
+            }),
     ]
 }
 
@@ -168,6 +240,24 @@ proptest! {
                 (EngineEvent::BlockRemoved(r), WireEvent::Removed { hashes, medium }) => {
                     prop_assert_eq!(&r.block_hashes, hashes);
                     prop_assert_eq!(r.medium.as_deref(), Some(*medium));
+                }
+                (
+                    EngineEvent::BlockStored(s),
+                    WireEvent::GroupStored { hashes, parent, tokens, block_size, medium, group, kind, window },
+                ) => {
+                    prop_assert_eq!(&s.block_hashes, hashes);
+                    prop_assert_eq!(s.parent_block_hash, *parent);
+                    prop_assert_eq!(&s.token_ids, tokens);
+                    prop_assert_eq!(s.block_size, *block_size);
+                    prop_assert_eq!(s.medium.as_deref(), Some(*medium));
+                    prop_assert_eq!(s.group_idx, Some(*group));
+                    prop_assert_eq!(s.kv_cache_spec_kind.as_deref(), Some(*kind));
+                    prop_assert_eq!(s.kv_cache_spec_sliding_window, *window);
+                }
+                (EngineEvent::BlockRemoved(r), WireEvent::GroupRemoved { hashes, medium, group }) => {
+                    prop_assert_eq!(&r.block_hashes, hashes);
+                    prop_assert_eq!(r.medium.as_deref(), Some(*medium));
+                    prop_assert_eq!(r.group_idx, Some(*group));
                 }
                 (EngineEvent::AllBlocksCleared, WireEvent::Cleared) => {}
                 (got, sent) => prop_assert!(false, "{:?} decoded from {:?}", got, sent),

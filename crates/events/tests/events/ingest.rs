@@ -148,6 +148,7 @@ fn duplicates_tiers_groups_and_mismatches() {
     let mut swa = s.clone();
     swa.group_idx = Some(1);
     swa.kv_cache_spec_kind = Some("sliding_window".into());
+    swa.kv_cache_spec_sliding_window = Some(128);
     let mut odd = s.clone();
     odd.medium = Some("TAPE".into());
     // Fewer tokens than blocks: only the covered block is hashed.

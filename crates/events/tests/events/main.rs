@@ -3,6 +3,7 @@
 
 mod decode;
 mod encode;
+mod hybrid;
 mod ingest;
 mod metrics;
 mod zmq;

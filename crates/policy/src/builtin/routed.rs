@@ -658,6 +658,17 @@ impl<S: CacheEventSink> CacheEventSink for Evictions<S> {
     ) -> Result<(), router_core::Error> {
         self.sink.apply_stored(pod, tier, parent, blocks)
     }
+
+    fn apply_group(
+        &self,
+        pod: PodId,
+        spec: &router_core::GroupSpec,
+        tier: Tier,
+        change: router_core::GroupChange,
+        blocks: &[BlockHash],
+    ) -> Result<(), router_core::Error> {
+        self.sink.apply_group(pod, spec, tier, change, blocks)
+    }
 }
 
 impl Prepare for Speculative {
