@@ -42,6 +42,7 @@ fn embedded(args: &Args, base: &Config, profile: &str) -> Config {
             sim.gpu_blocks = blocks;
         }
         sim.events = !args.no_events;
+        sim.hybrid = args.hybrid.clone();
     }
     config
 }
@@ -162,6 +163,11 @@ struct Args {
     /// approximate mode.
     #[arg(long)]
     no_events: bool,
+    /// Embedded engines serve a hybrid model (`sliding-window:<tokens>` or
+    /// `mamba`); each profile then runs twice, the second time with the
+    /// full-attention-only view (`hybrid_groups = false`, every peer's).
+    #[arg(long)]
+    hybrid: Option<String>,
     /// The model name to send.
     #[arg(long, default_value = "Qwen/Qwen3-0.6B")]
     model: String,
@@ -523,12 +529,32 @@ async fn main() {
     } else {
         args.profiles.as_str()
     };
-    for profile in profiles.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+    let views: &[bool] = if args.hybrid.is_some() {
+        &[true, false]
+    } else {
+        &[true]
+    };
+    let runs = profiles
+        .split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .flat_map(|p| views.iter().map(move |v| (p, *v)));
+    for (profile, groups) in runs {
         if args.restart_between_passes {
             failed += restart_rows(&args, &base, profile, &tok, &hasher).await;
             continue;
         }
         let mut config = embedded(&args, &base, profile);
+        config.gateway.hybrid_groups = groups;
+        if groups {
+            // The operator declares the layout: exact from the first request.
+            config.gateway.kv_groups = args.hybrid.iter().cloned().collect();
+        }
+        let label = if groups {
+            profile.to_owned()
+        } else {
+            format!("{profile} (full-attention view)")
+        };
         if let Some(url) = &args.nats {
             // A stream of its own per run: rows do not share a log.
             let prefix = format!("loadgen-{}-{profile}", std::process::id());
@@ -576,7 +602,7 @@ async fn main() {
                 .expect("the restart ran")
             })
         });
-        let s = drive(args.clone(), &urls, profile, &tok, &hasher).await;
+        let s = drive(args.clone(), &urls, &label, &tok, &hasher).await;
         if let Some(r) = restarter {
             let owner = r.await.expect("the restart ran");
             let m = reqwest::get(format!("{}/metrics", owner.url()))

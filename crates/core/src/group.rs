@@ -105,6 +105,28 @@ pub enum GroupChange {
     Removed,
 }
 
+impl std::str::FromStr for GroupKind {
+    type Err = GroupError;
+
+    /// A group as configuration names it: `sliding-window:<tokens>`,
+    /// `chunked-local:<tokens>`, `mamba` or `full`.
+    fn from_str(s: &str) -> Result<GroupKind, GroupError> {
+        let (name, n) = match s.split_once(':') {
+            Some((name, n)) => (name, Some(n.parse::<u32>().ok())),
+            None => (s, None),
+        };
+        match (name, n) {
+            ("full", None) => Ok(GroupKind::Full),
+            ("mamba", None) => Ok(GroupKind::Mamba),
+            ("sliding-window", Some(w)) => GroupKind::from_vllm("sliding_window", w, None),
+            ("sliding-window", None) => Err(GroupError::BadWindow(None)),
+            ("chunked-local", Some(c)) => GroupKind::from_vllm("chunked_local_attention", None, c),
+            ("chunked-local", None) => Err(GroupError::BadChunk(None)),
+            _ => Err(GroupError::UnknownKind(s.to_owned())),
+        }
+    }
+}
+
 /// One KV-cache group of a pod: its index in the engine, its kind and
 /// its block size (tokens per block).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -235,6 +257,20 @@ mod tests {
             GroupSpec::new(0, GroupKind::ChunkedLocal { chunk: 6 }, 4),
             Err(GroupError::BadChunk(Some(6)))
         );
+        assert_eq!(
+            "sliding-window:128".parse(),
+            Ok(GroupKind::SlidingWindow { window: 128 })
+        );
+        assert_eq!(
+            "chunked-local:8192".parse(),
+            Ok(GroupKind::ChunkedLocal { chunk: 8192 })
+        );
+        assert_eq!("mamba".parse(), Ok(GroupKind::Mamba));
+        assert_eq!(
+            "sliding-window:x".parse::<GroupKind>(),
+            Err(GroupError::BadWindow(None))
+        );
+        assert!("mamba:3".parse::<GroupKind>().is_err());
         assert_eq!(
             GroupSpec::new(0, GroupKind::Mamba, 0),
             Err(GroupError::ZeroBlockSize)

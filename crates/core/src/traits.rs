@@ -60,6 +60,16 @@ pub trait PrefixIndex: Send + Sync {
         let _ = (pod, chain, depth);
         None
     }
+
+    /// The longest hit of at most `full` leading blocks of `chain` that
+    /// `pod`'s engine would accept if its full-attention group held them
+    /// all: `full` itself unless a hybrid model's other groups (what this
+    /// index knows of them) cut it short. For estimates made beside the
+    /// index (speculative registrations), so they obey the same rule.
+    fn accepted_hit(&self, pod: PodId, chain: &[BlockHash], full: usize) -> usize {
+        let _ = (pod, chain);
+        full
+    }
 }
 
 /// Applies cache events to an index.
@@ -147,6 +157,9 @@ macro_rules! forward {
             }
             fn tier_counts(&self, pod: PodId, chain: &[BlockHash], depth: usize) -> Option<TierCounts> {
                 (**self).tier_counts(pod, chain, depth)
+            }
+            fn accepted_hit(&self, pod: PodId, chain: &[BlockHash], full: usize) -> usize {
+                (**self).accepted_hit(pod, chain, full)
             }
         }
 

@@ -85,16 +85,40 @@ pub struct HybridIndex {
     pods: RwLock<HashMap<PodId, PodGroups>>,
     /// Pods with at least one other group: 0 skips the lock.
     hybrid_pods: AtomicUsize,
+    /// The groups an operator declared every pod has, for pods no group
+    /// event has described yet (a cold start, a cleared engine): holding
+    /// nothing in them, such a pod serves only the hits they accept.
+    declared: Vec<GroupSpec>,
 }
 
 impl HybridIndex {
     /// Groups kept beside `main`.
     pub fn new(main: Arc<Index>) -> Arc<Self> {
+        Self::with_layout(main, Vec::new())
+    }
+
+    /// Groups kept beside `main`, every pod declared to have `groups`
+    /// until its events describe its own (they replace the declaration).
+    /// vLLM publishes a group only once it stores a block, so without a
+    /// declaration the first requests of a hybrid model are predicted as
+    /// full attention alone.
+    pub fn with_layout(main: Arc<Index>, groups: Vec<GroupSpec>) -> Arc<Self> {
         Arc::new(HybridIndex {
             main,
             pods: RwLock::new(HashMap::new()),
             hybrid_pods: AtomicUsize::new(0),
+            declared: groups,
         })
+    }
+
+    /// The hit of a pod no group event described: the declared groups,
+    /// empty.
+    fn undescribed(&self, full: usize) -> usize {
+        if self.declared.is_empty() {
+            full
+        } else {
+            combined_hit(&self.declared, full, |_, _| false)
+        }
     }
 
     /// The full-attention index.
@@ -127,7 +151,7 @@ impl HybridIndex {
         let full = full.min(chain.len());
         match self.pods.read().get(&pod) {
             Some(g) => g.hit(chain, full),
-            None => full,
+            None => self.undescribed(full),
         }
     }
 
@@ -141,18 +165,27 @@ impl HybridIndex {
 impl PrefixIndex for HybridIndex {
     fn match_prefix_into(&self, chain: &[BlockHash], out: &mut PrefixMatch) {
         self.main.match_prefix_into(chain, out);
-        if self.hybrid_pods.load(Ordering::Relaxed) == 0 || out.is_empty() {
+        if out.is_empty()
+            || (self.hybrid_pods.load(Ordering::Relaxed) == 0 && self.declared.is_empty())
+        {
             return;
         }
         let pods = self.pods.read();
         out.limit(|m| match pods.get(&m.pod) {
             Some(g) => g.hit(chain, m.blocks as usize) as u32,
-            None => m.blocks,
+            None => self.undescribed(m.blocks as usize) as u32,
         });
     }
 
     fn tier_counts(&self, pod: PodId, chain: &[BlockHash], depth: usize) -> Option<TierCounts> {
         PrefixIndex::tier_counts(&*self.main, pod, chain, depth)
+    }
+
+    fn accepted_hit(&self, pod: PodId, chain: &[BlockHash], full: usize) -> usize {
+        if self.hybrid_pods.load(Ordering::Relaxed) == 0 && self.declared.is_empty() {
+            return full;
+        }
+        self.hit_for(pod, chain, full)
     }
 }
 
@@ -325,6 +358,30 @@ mod tests {
             Err(Error::UnknownPod(a))
         );
         assert_eq!(index.hybrid_pods.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn a_declared_layout_holds_until_events_describe_the_pod() {
+        let index = HybridIndex::with_layout(
+            Index::new(IndexConfig::default().background_sweep(false)),
+            vec![GroupSpec::new(0, GroupKind::SlidingWindow { window: 33 }, 16).unwrap()],
+        );
+        let a = index.join(&PodKey::new("http://a", 0)).unwrap();
+        let chain: Vec<BlockHash> = (0..12u64).map(|i| BlockHash(0xabc0 + i)).collect();
+        index.main().store(a, Tier::Gpu, &chain[..10]).unwrap();
+        // Declared, nothing held in the window: no hit at all.
+        assert!(index.match_prefix(&chain).is_empty());
+        assert_eq!(index.accepted_hit(a, &chain, 10), 0);
+        // The pod's own event: its window holds blocks 4, 5.
+        let sw = GroupSpec::new(3, GroupKind::SlidingWindow { window: 33 }, 16).unwrap();
+        index
+            .apply_group(a, &sw, Tier::Gpu, GroupChange::Stored, &chain[4..6])
+            .unwrap();
+        assert_eq!(index.match_prefix(&chain).blocks_for(a), 6);
+        // A reset: back to the declaration.
+        index.apply(&CacheEvent::Cleared { pod: a }).unwrap();
+        index.main().store(a, Tier::Gpu, &chain[..10]).unwrap();
+        assert!(index.match_prefix(&chain).is_empty());
     }
 
     #[test]

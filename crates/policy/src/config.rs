@@ -325,10 +325,11 @@ impl Registry {
                 }
                 None => Arc::new(RoutedChains::new(memory)),
             };
-            Ok(Built::Prepare(Box::new(Speculative::with_block_size(
-                table,
-                s.block_size,
-            ))))
+            let mut spec = Speculative::with_block_size(table, s.block_size);
+            if let Some(index) = &env.index {
+                spec = spec.with_index(index.clone());
+            }
+            Ok(Built::Prepare(Box::new(spec)))
         });
         r.register("smg-cache-aware", |p, _| {
             let c: SmgConfig = p.parse()?;

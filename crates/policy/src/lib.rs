@@ -95,7 +95,9 @@ pub fn default_profile_with(
         .input(keys::CHAIN.id())
         .input(keys::PROMPT_TOKENS.id())
         .prepare(builtin::PrefixMatchPrepare::new(index.clone()))
-        .prepare(builtin::Speculative::with_block_size(routed, block_size))
+        .prepare(
+            builtin::Speculative::with_block_size(routed, block_size).with_index(index.clone()),
+        )
         .filter(builtin::HealthFilter)
         .scorer(
             builtin::PredictedTtft::new(

@@ -175,6 +175,12 @@ pub struct GatewayConfig {
     /// (`cache_router_events_skipped_total{reason="unsupported_group"}`).
     #[serde(default)]
     pub attention_chunk_size: Option<u32>,
+    /// A hybrid model's other KV-cache groups, declared for pods whose
+    /// events have not described theirs yet (vLLM publishes a group once it
+    /// stores a block): `sliding-window:<tokens>`, `chunked-local:<tokens>`,
+    /// `mamba`. Empty: learned from events only.
+    #[serde(default)]
+    pub kv_groups: Vec<String>,
 }
 
 /// The `[nats]` table: this gateway is one of several replicas sharing
@@ -326,6 +332,11 @@ pub struct SimulatedConfig {
     /// in approximate mode, as engines without events are).
     #[serde(default = "yes")]
     pub events: bool,
+    /// A hybrid model: `sliding-window:<tokens>` or `mamba` (a second
+    /// KV-cache group beside full attention, with vLLM's hit rule and
+    /// events). Absent: full attention only.
+    #[serde(default)]
+    pub hybrid: Option<String>,
 }
 
 fn default_listen() -> SocketAddr {

@@ -10,7 +10,7 @@ use std::task::{Context as TaskContext, Poll};
 use std::time::{Duration, Instant};
 
 use futures::Stream;
-use router_core::{Namespace, PodId, PrefixIndex};
+use router_core::{GroupKind, GroupSpec, Namespace, PodId, PrefixIndex};
 use router_events::Subscriber;
 use router_exec::{
     BackendError, Chunk, Error as ExecError, Execution, Executor, Feedback, Lease, RetryPolicy,
@@ -592,7 +592,18 @@ impl Parts {
         let g = &config.gateway;
         let metrics = Arc::new(Metrics::new());
         let index: Arc<Index> = Index::new(IndexConfig::default());
-        let hybrid = HybridIndex::new(index.clone());
+        let mut declared = Vec::with_capacity(g.kv_groups.len());
+        for (i, k) in g.kv_groups.iter().enumerate() {
+            let spec = k
+                .parse::<GroupKind>()
+                .and_then(|kind| GroupSpec::new(i as u32, kind, g.block_size))
+                .map_err(|e| Error::Config {
+                    line: 0,
+                    message: format!("gateway.kv_groups: `{k}`: {e}"),
+                })?;
+            declared.push(spec);
+        }
+        let hybrid = HybridIndex::with_layout(index.clone(), declared);
         // The full-attention-only view reads the index alone.
         let decided: Arc<dyn PrefixIndex> = if g.hybrid_groups {
             hybrid.clone()

@@ -45,6 +45,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
 
+use router_core::{GroupKind, GroupSpec};
 use router_events::{Encoding, WireEvent, encode_batch};
 use router_gateway::{Api, ApiError, Error, openai};
 
@@ -72,6 +73,76 @@ pub struct EngineConfig {
     pub replay_buffer: usize,
     /// `max_tokens` when a request gives none.
     pub default_max_tokens: u32,
+    /// A hybrid model: one more KV-cache group beside full attention.
+    pub hybrid: Option<Hybrid>,
+}
+
+/// A hybrid model's second KV-cache group, modelled as vLLM runs it with
+/// `prefix_cache_retention_interval` at 0: per request the group keeps
+/// only what a hit at the prompt's last block boundary needs (a sliding
+/// window's blocks before it; Mamba's state block at it), and the engine
+/// accepts a hit only where both groups serve it (vLLM's rule). The group
+/// is group 0 and full attention group 1, as gpt-oss and Qwen3-Next lay
+/// them out (their first layer is not full attention), so a batch
+/// announces the group's sparse blocks before their full-attention ones.
+/// Each group has a pool of `gpu_blocks` (vLLM shares one pool).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hybrid {
+    /// Sliding-window attention of this many tokens.
+    SlidingWindow(u32),
+    /// Mamba (or linear attention) state.
+    Mamba,
+}
+
+impl std::str::FromStr for Hybrid {
+    type Err = String;
+
+    /// `sliding-window:<tokens>` or `mamba`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.split_once(':') {
+            None if s == "mamba" => Ok(Hybrid::Mamba),
+            Some(("sliding-window", w)) => match w.parse::<u32>() {
+                Ok(w) if w >= 2 => Ok(Hybrid::SlidingWindow(w)),
+                _ => Err(format!("`{s}`: a sliding window needs at least 2 tokens")),
+            },
+            _ => Err(format!(
+                "unknown hybrid layout `{s}`, expected `sliding-window:<tokens>` or `mamba`"
+            )),
+        }
+    }
+}
+
+impl Hybrid {
+    fn spec(self, block_size: u32) -> GroupSpec {
+        let kind = match self {
+            Hybrid::SlidingWindow(window) => GroupKind::SlidingWindow { window },
+            Hybrid::Mamba => GroupKind::Mamba,
+        };
+        // A window of at least 2 and a block size of at least 1: valid.
+        GroupSpec::new(0, kind, block_size.max(1)).unwrap_or(GroupSpec {
+            group: 0,
+            kind,
+            block_size: block_size.max(1),
+        })
+    }
+
+    fn vllm_kind(self) -> (&'static str, Option<u32>) {
+        match self {
+            Hybrid::SlidingWindow(w) => ("sliding_window", Some(w)),
+            Hybrid::Mamba => ("mamba", None),
+        }
+    }
+
+    /// The positions of a prompt of `len` blocks the group keeps.
+    fn kept(self, len: usize, block_size: u32) -> std::ops::Range<usize> {
+        match self {
+            Hybrid::SlidingWindow(w) => {
+                let n = (w as usize - 1).div_ceil(block_size.max(1) as usize);
+                len.saturating_sub(n)..len
+            }
+            Hybrid::Mamba => len.saturating_sub(1)..len,
+        }
+    }
 }
 
 impl EngineConfig {
@@ -90,7 +161,14 @@ impl EngineConfig {
             topic: String::new(),
             replay_buffer: 10_000,
             default_max_tokens: 16,
+            hybrid: None,
         }
+    }
+
+    /// Makes the model a hybrid one.
+    pub fn hybrid(mut self, hybrid: Option<Hybrid>) -> Self {
+        self.hybrid = hybrid;
+        self
     }
 
     /// Sets the block size.
@@ -275,6 +353,8 @@ struct Engine {
     cfg: EngineConfig,
     seed: u64,
     cache: Mutex<BlockCache>,
+    /// A hybrid model's other group (see [`Hybrid`]).
+    group: Mutex<BlockCache>,
     /// When the prefill lane is next free.
     lane: Mutex<Instant>,
     events: mpsc::UnboundedSender<Vec<WireEvent>>,
@@ -339,6 +419,14 @@ async fn run(
     };
     let engine = Arc::new(Engine {
         cache: Mutex::new(BlockCache::new(cfg.gpu_blocks, 0)),
+        group: Mutex::new(BlockCache::new(
+            if cfg.hybrid.is_some() {
+                cfg.gpu_blocks
+            } else {
+                0
+            },
+            0,
+        )),
         lane: Mutex::new(Instant::now()),
         events: tx,
         next_id: AtomicU64::new(0),
@@ -504,6 +592,8 @@ async fn metrics(State(e): State<Arc<Engine>>) -> Response {
 struct Lease {
     engine: Arc<Engine>,
     blocks: Vec<u64>,
+    /// Blocks pinned in the other group of a hybrid model.
+    group_blocks: Vec<u64>,
     /// Counted in the engine's running requests (its prefill started).
     running: bool,
 }
@@ -520,6 +610,9 @@ impl Lease {
 impl Drop for Lease {
     fn drop(&mut self) {
         self.engine.cache.lock().release(&self.blocks);
+        if !self.group_blocks.is_empty() {
+            self.engine.group.lock().release(&self.group_blocks);
+        }
         self.engine.active.fetch_sub(1, Ordering::SeqCst);
         if self.running {
             self.engine.running.fetch_sub(1, Ordering::SeqCst);
@@ -548,13 +641,15 @@ impl Engine {
             .collect()
     }
 
-    /// Publishes the cache's changes; stores of `blocks` (the request's
-    /// chain over `tokens`) become `BlockStored` runs with their tokens.
-    fn announce(&self, blocks: &[u64], tokens: &[u32]) {
-        let changes = self.cache.lock().drain_changes();
-        if changes.is_empty() {
-            return;
-        }
+    /// The full-attention cache's changes as events; stores of `blocks`
+    /// (the request's chain over `tokens`) become `BlockStored` runs with
+    /// their tokens.
+    fn full_events(
+        &self,
+        changes: Vec<router_sim::CacheChange>,
+        blocks: &[u64],
+        tokens: &[u32],
+    ) -> Vec<WireEvent> {
         let bs = self.cfg.block_size as usize;
         // Where each of the request's blocks sits in its chain, built only
         // when something was stored (evictions alone need no tokens).
@@ -594,7 +689,104 @@ impl Engine {
                 medium: "GPU",
             });
         }
+        out
+    }
+
+    /// Publishes the caches' changes: a hybrid model's other group first
+    /// (its group index is 0), then full attention.
+    fn announce(&self, blocks: &[u64], tokens: &[u32], from: usize) {
+        let main = self.cache.lock().drain_changes();
+        let group = match self.cfg.hybrid {
+            Some(_) => self.group.lock().drain_changes(),
+            None => Vec::new(),
+        };
+        if main.is_empty() && group.is_empty() {
+            return;
+        }
+        let Some(hybrid) = self.cfg.hybrid else {
+            let _ = self.events.send(self.full_events(main, blocks, tokens));
+            return;
+        };
+        let mut out = self.group_events(hybrid, group, blocks, tokens, from);
+        out.extend(
+            self.full_events(main, blocks, tokens)
+                .into_iter()
+                .map(|e| match e {
+                    WireEvent::Stored {
+                        hashes,
+                        parent,
+                        tokens,
+                        block_size,
+                        medium,
+                    } => WireEvent::GroupStored {
+                        hashes,
+                        parent,
+                        tokens,
+                        block_size,
+                        medium,
+                        group: 1,
+                        kind: "full_attention",
+                        window: None,
+                    },
+                    WireEvent::Removed { hashes, medium } => WireEvent::GroupRemoved {
+                        hashes,
+                        medium,
+                        group: 1,
+                    },
+                    other => other,
+                }),
+        );
         let _ = self.events.send(out);
+    }
+
+    /// The other group's changes as vLLM publishes a sparse group's: the
+    /// blocks it stored, with the tokens of the whole range the request
+    /// computed (from block `from`), which covers blocks it skipped.
+    fn group_events(
+        &self,
+        hybrid: Hybrid,
+        changes: Vec<router_sim::CacheChange>,
+        blocks: &[u64],
+        tokens: &[u32],
+        from: usize,
+    ) -> Vec<WireEvent> {
+        let bs = self.cfg.block_size as usize;
+        let mut out = Vec::new();
+        let removed: Vec<u64> = changes
+            .iter()
+            .filter(|c| !c.stored)
+            .map(|c| c.block)
+            .collect();
+        if !removed.is_empty() {
+            out.push(WireEvent::GroupRemoved {
+                hashes: removed,
+                medium: "GPU",
+                group: 0,
+            });
+        }
+        let stored: std::collections::HashSet<u64> = changes
+            .iter()
+            .filter(|c| c.stored)
+            .map(|c| c.block)
+            .collect();
+        let at: Vec<usize> = (0..blocks.len())
+            .filter(|i| stored.contains(&blocks[*i]))
+            .collect();
+        if let (Some(&first), Some(&last)) = (at.first(), at.last()) {
+            let start = from.min(first);
+            let (kind, window) = hybrid.vllm_kind();
+            out.push(WireEvent::GroupStored {
+                hashes: at.iter().map(|&i| blocks[i]).collect(),
+                parent: start.checked_sub(1).map(|p| blocks[p]),
+                tokens: tokens[start * bs..(last + 1) * bs].to_vec(),
+                block_size: self.cfg.block_size,
+                medium: "GPU",
+                group: 0,
+                kind,
+                window,
+            });
+        }
+        out
     }
 
     async fn serve(self: Arc<Self>, api: Api, raw: &[u8]) -> Response {
@@ -658,10 +850,24 @@ impl Engine {
         let mut lease = Lease {
             engine: self.clone(),
             blocks: blocks.clone(),
+            group_blocks: Vec::new(),
             running: false,
         };
-        self.announce(&blocks, &tokens); // evictions made room
-        let cached = ((admission.gpu_hits + admission.cpu_hits) * bs).min(tokens.len());
+        let mut hit = admission.gpu_hits + admission.cpu_hits;
+        let mut group_computed = Vec::new();
+        if let Some(hybrid) = self.cfg.hybrid {
+            // vLLM's rule: the longest hit both groups serve.
+            let spec = hybrid.spec(self.cfg.block_size);
+            let mut group = self.group.lock();
+            hit = spec.longest_hit(hit, |i| group.tier_of(blocks[i]).is_some());
+            let kept = blocks[hybrid.kept(blocks.len(), self.cfg.block_size)].to_vec();
+            if let Some(a) = group.admit(&kept) {
+                lease.group_blocks = kept;
+                group_computed = a.computed;
+            }
+        }
+        self.announce(&blocks, &tokens, hit); // evictions made room
+        let cached = (hit * bs).min(tokens.len());
         let new = (tokens.len() - cached) as f64;
         let c = &self.cfg.cost;
         let transfer = |key: &str| {
@@ -696,7 +902,10 @@ impl Engine {
             tokio::time::sleep_until(done).await;
         }
         self.cache.lock().computed(&admission.computed);
-        self.announce(&blocks, &tokens);
+        if !group_computed.is_empty() {
+            self.group.lock().computed(&group_computed);
+        }
+        self.announce(&blocks, &tokens, hit);
         let step = self.scaled(
             c.overhead_ms + c.per_token_us / 1e3 + c.kv_read_ns * tokens.len() as f64 / 1e6,
         );

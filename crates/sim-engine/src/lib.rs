@@ -20,7 +20,7 @@ use router_gateway::{Config, Error, Gateway, PodConfig};
 use router_hash::ModelTokenizer;
 use router_policy::Role;
 
-pub use engine::{EngineConfig, SimEngine};
+pub use engine::{EngineConfig, Hybrid, SimEngine};
 
 /// Starts the engines of `config`'s `[simulated]` table (taking it) and
 /// adds their pods (`sim-0`, `sim-1`, ...) as fixed pods, which a reload
@@ -31,6 +31,15 @@ pub fn start_engines(config: &mut Config) -> Result<Vec<SimEngine>, Error> {
     };
     let g = &config.gateway;
     let tokenizer = Arc::new(ModelTokenizer::from_dir(&g.tokenizer)?);
+    let hybrid = sim
+        .hybrid
+        .as_deref()
+        .map(str::parse::<Hybrid>)
+        .transpose()
+        .map_err(|message| Error::Config {
+            line: 0,
+            message: format!("[simulated] hybrid: {message}"),
+        })?;
     let mut engines = Vec::with_capacity(sim.engines);
     let mut pods = Vec::with_capacity(sim.engines);
     for i in 0..sim.engines {
@@ -39,7 +48,8 @@ pub fn start_engines(config: &mut Config) -> Result<Vec<SimEngine>, Error> {
             .gpu_blocks(sim.gpu_blocks)
             .time_scale(sim.time_scale)
             .encoding(sim.encoding)
-            .default_max_tokens(sim.default_max_tokens);
+            .default_max_tokens(sim.default_max_tokens)
+            .hybrid(hybrid);
         ec.topic = "kv-events".into();
         let e = SimEngine::start(ec)?;
         let mut pod = PodConfig::new(format!("sim-{i}"), e.url());

@@ -4,6 +4,7 @@
 mod bad_input;
 mod config;
 mod engine_metrics;
+mod hybrid;
 mod lifecycle;
 mod replicas;
 mod routing;

@@ -560,6 +560,9 @@ impl RoutedChains {
 pub struct Speculative {
     table: Arc<RoutedChains>,
     block_size: u64,
+    /// Cuts a registration's raise to the hit the pod's engine accepts (a
+    /// hybrid model's other groups, [`router_core::PrefixIndex::accepted_hit`]).
+    index: Option<Arc<dyn router_core::PrefixIndex>>,
 }
 
 impl Speculative {
@@ -576,7 +579,16 @@ impl Speculative {
         Speculative {
             table,
             block_size: block_size.max(1),
+            index: None,
         }
+    }
+
+    /// Raises hits only as far as `index` says the pod's engine accepts
+    /// them (for hybrid models: a registered chain's full-attention blocks
+    /// are not a hit where the other groups cannot serve it).
+    pub fn with_index(mut self, index: Arc<dyn router_core::PrefixIndex>) -> Self {
+        self.index = Some(index);
+        self
     }
 
     /// The table.
@@ -682,8 +694,14 @@ impl Prepare for Speculative {
         if let Some(chain) = ctx.get(CHAIN) {
             self.table
                 .cut_pushed_out(chain, pods, self.block_size, &mut hits);
-            self.table
-                .for_each_match(chain, now, |pod, blocks| hits.raise(pod, blocks));
+            let index = self.index.as_deref();
+            self.table.for_each_match(chain, now, |pod, blocks| {
+                let blocks = match index {
+                    Some(i) => i.accepted_hit(pod, chain, blocks as usize) as u32,
+                    None => blocks,
+                };
+                hits.raise(pod, blocks)
+            });
         }
         match ctx.get_mut(CACHE_HITS) {
             Some(slot) => *slot = hits,
