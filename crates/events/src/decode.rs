@@ -55,8 +55,13 @@ pub struct BlockStored {
     pub medium: Option<String>,
     /// The LoRA adapter, if any.
     pub lora_name: Option<String>,
-    /// Per block: a hash of the block's extra keys (multimodal content), if any.
+    /// Per block: a hash of the block's extra keys other than strings
+    /// (multimodal content), if any.
     pub extra_keys: Vec<Option<u64>>,
+    /// Per block: the strings among its extra keys (vLLM's LoRA name on
+    /// every block of an adapter's request, the cache salt on a chain's
+    /// first block).
+    pub extra_key_strings: Vec<Vec<String>>,
     /// The KV-cache group (hybrid models have several).
     pub group_idx: Option<u32>,
     /// The group's kind (`full_attention`, `sliding_window`, `mamba`, ...).
@@ -208,21 +213,46 @@ fn tokens(r: &mut Reader<'_>) -> Result<Vec<u32>, DecodeError> {
         .collect()
 }
 
-/// Per-block extra keys: each entry hashed from its raw MessagePack bytes.
-fn extra_keys(r: &mut Reader<'_>) -> Result<Vec<Option<u64>>, DecodeError> {
+/// Per-block extra keys. vLLM (0.33) publishes each block's as a tuple:
+/// the LoRA name (when `lora_name` is set), `(mm_identifier, offset)`
+/// pairs, the cache salt (first block only) and prompt-embedding digests.
+/// The strings (LoRA name, salt) are kept apart, since the router hashes
+/// them into the chain's namespace; the rest is hashed from its raw
+/// MessagePack bytes (a multimodal block the request side cannot rebuild).
+fn extra_keys(r: &mut Reader<'_>, s: &mut BlockStored) -> Result<(), DecodeError> {
+    s.extra_keys.clear();
+    s.extra_key_strings.clear();
     if r.nil()? {
-        return Ok(Vec::new());
+        return Ok(());
     }
     let n = r.array_len()?;
-    (0..n)
-        .map(|_| {
-            Ok(if r.nil()? {
-                None
+    for _ in 0..n {
+        if r.nil()? {
+            s.extra_keys.push(None);
+            s.extra_key_strings.push(Vec::new());
+            continue;
+        }
+        if r.peek()? != Kind::Array {
+            s.extra_keys.push(Some(xxh3_64(r.skip()?)));
+            s.extra_key_strings.push(Vec::new());
+            continue;
+        }
+        let items = r.array_len()?;
+        let mut strings = Vec::new();
+        let mut rest: Option<xxhash_rust::xxh3::Xxh3> = None;
+        for _ in 0..items {
+            if r.peek()? == Kind::Str {
+                strings.push(r.str()?.to_owned());
             } else {
-                Some(xxh3_64(r.skip()?))
-            })
-        })
-        .collect()
+                let raw = r.skip()?;
+                rest.get_or_insert_with(xxhash_rust::xxh3::Xxh3::new)
+                    .update(raw);
+            }
+        }
+        s.extra_keys.push(rest.map(|h| h.digest()));
+        s.extra_key_strings.push(strings);
+    }
+    Ok(())
 }
 
 /// One named field of a `BlockStored` (the positional form names them by place).
@@ -234,7 +264,7 @@ fn stored_field(r: &mut Reader<'_>, s: &mut BlockStored, name: &str) -> Result<(
         "block_size" => s.block_size = opt_u32(r)?.unwrap_or(0),
         "medium" => s.medium = opt_str(r)?,
         "lora_name" => s.lora_name = opt_str(r)?,
-        "extra_keys" => s.extra_keys = extra_keys(r)?,
+        "extra_keys" => extra_keys(r, s)?,
         "group_idx" => s.group_idx = opt_u32(r)?,
         "kv_cache_spec_kind" => s.kv_cache_spec_kind = opt_str(r)?,
         "kv_cache_spec_sliding_window" => s.kv_cache_spec_sliding_window = opt_u32(r)?,

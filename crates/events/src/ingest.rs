@@ -361,17 +361,13 @@ impl<H: BlockHasher, S: CacheEventSink> Ingestor<H, S> {
         if bs == 0 || s.block_hashes.is_empty() {
             return;
         }
+        let root = s.parent_block_hash.is_none().then(|| self.root_of(s));
         let state = self.pods.entry(pod).or_default();
         state.main_block_size = Some(bs as u32);
-        let mut parent = match s.parent_block_hash {
-            None => {
-                let mut ns = Namespace::default();
-                ns.model = self.model.clone();
-                ns.lora_name = s.lora_name.clone();
-                ns.cache_salt = s.cache_salt.clone();
-                self.hasher.root(&ns)
-            }
-            Some(ph) => match state.blocks.get(&ph) {
+        let mut parent = match (s.parent_block_hash, root) {
+            (None, Some(root)) => root,
+            (None, None) => return, // not reached: a chain start has its root
+            (Some(ph), _) => match state.blocks.get(&ph) {
                 Some(k) => k.router,
                 None => {
                     state.needs_resync = true;
@@ -398,10 +394,8 @@ impl<H: BlockHasher, S: CacheEventSink> Ingestor<H, S> {
             .zip(s.token_ids.chunks_exact(bs))
             .enumerate()
         {
-            let extra: &[u64] = match s.extra_keys.get(i) {
-                Some(Some(k)) => std::slice::from_ref(k),
-                _ => &[],
-            };
+            let extra = block_extra(s, i);
+            let extra: &[u64] = extra.as_slice();
             let router = self.hasher.hash_block(parent, tokens, extra);
             let known = state
                 .blocks
@@ -488,7 +482,10 @@ impl<H: BlockHasher, S: CacheEventSink> Ingestor<H, S> {
         let mut ns = Namespace::default();
         ns.model = self.model.clone();
         ns.lora_name = s.lora_name.clone();
-        ns.cache_salt = s.cache_salt.clone();
+        ns.cache_salt = s
+            .cache_salt
+            .clone()
+            .or_else(|| block_strings(s, 0).0.map(str::to_owned));
         self.hasher.root(&ns)
     }
 
@@ -559,10 +556,8 @@ impl<H: BlockHasher, S: CacheEventSink> Ingestor<H, S> {
             };
             if let Some(mut parent) = parent {
                 for (i, tokens) in s.token_ids.chunks_exact(bsz).enumerate() {
-                    let extra: &[u64] = match s.extra_keys.get(i) {
-                        Some(Some(k)) => std::slice::from_ref(k),
-                        _ => &[],
-                    };
+                    let extra = block_extra(s, i);
+                    let extra: &[u64] = extra.as_slice();
                     parent = self.hasher.hash_block(parent, tokens, extra);
                     routers[i].get_or_insert(parent);
                 }
@@ -718,5 +713,43 @@ impl<H: BlockHasher, S: CacheEventSink> Ingestor<H, S> {
             }
             Err(_) => self.stats.sink_refused += 1,
         }
+    }
+}
+
+/// Block `i`'s strings among its extra keys, less the LoRA name (which the
+/// namespace carries): the cache salt, when the block starts a chain and
+/// one string is left, and a hash of any strings left unexplained.
+fn block_strings(s: &BlockStored, i: usize) -> (Option<&str>, Option<u64>) {
+    let Some(strings) = s.extra_key_strings.get(i) else {
+        return (None, None);
+    };
+    let mut rest: Vec<&str> = strings.iter().map(String::as_str).collect();
+    if let Some(lora) = s.lora_name.as_deref()
+        && let Some(at) = rest.iter().position(|x| *x == lora)
+    {
+        rest.remove(at);
+    }
+    if i == 0 && s.parent_block_hash.is_none() && s.cache_salt.is_none() && rest.len() == 1 {
+        return (rest.pop(), None);
+    }
+    if rest.is_empty() {
+        return (None, None);
+    }
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    for r in rest {
+        h.update(r.as_bytes());
+        h.update(&[0]);
+    }
+    (None, Some(h.digest()))
+}
+
+/// Block `i`'s extra key for the router's hash: its non-string extra keys
+/// (multimodal content) and any unexplained strings, none for a block
+/// whose extra keys are only its LoRA name and salt.
+fn block_extra(s: &BlockStored, i: usize) -> Option<u64> {
+    let other = s.extra_keys.get(i).copied().flatten();
+    match (other, block_strings(s, i).1) {
+        (Some(a), Some(b)) => Some(router_core::mix64(a ^ b.rotate_left(17))),
+        (a, b) => a.or(b),
     }
 }

@@ -978,7 +978,9 @@ impl Router {
             )));
         }
         s.metrics.prompt_tokens.inc_by(prompt);
-        let ctx = self.context(session, &tokens);
+        // vLLM's `cache_salt`: the request's blocks hash in its namespace.
+        let salt = body.get("cache_salt").and_then(Value::as_str);
+        let ctx = self.context(session, salt, &tokens);
         Ok(Prepared {
             body,
             prompt_tokens: prompt,
@@ -1022,9 +1024,14 @@ impl Router {
 
     /// What the profiles read: the chain, the prompt's length, the session
     /// and the hash key.
-    fn context(&self, session: Option<String>, tokens: &[u32]) -> Context {
+    fn context(&self, session: Option<String>, salt: Option<&str>, tokens: &[u32]) -> Context {
         let s = &self.inner;
-        let chain = s.hasher.chain(&s.namespace, tokens);
+        let chain = match salt {
+            Some(salt) => s
+                .hasher
+                .chain(&s.namespace.clone().with_cache_salt(salt), tokens),
+            None => s.hasher.chain(&s.namespace, tokens),
+        };
         let mut ctx = Context::new();
         ctx.insert(PROMPT_TOKENS, tokens.len() as u64);
         ctx.insert(

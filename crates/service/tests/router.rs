@@ -282,3 +282,28 @@ async fn a_blocking_pick_decides_as_the_async_one_on_the_callers_thread() {
         "a finished blocking pick gives its load back"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cache_salt_hashes_the_request_in_a_namespace_of_its_own() {
+    let (router, _engines) = router(1, "").await;
+    let plain = long_chat(5, 400);
+    let first = router.pick(plain.clone()).await.expect("a pod");
+    send(&first.url, &plain).await;
+    first.finish(true);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut again = router.pick(plain.clone()).await.unwrap();
+    while again.predicted_cached_tokens == 0 && Instant::now() < deadline {
+        drop(again);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        again = router.pick(plain.clone()).await.unwrap();
+    }
+    assert!(again.predicted_cached_tokens >= 400, "{again:?}");
+    drop(again);
+    // vLLM keys a salted request's blocks by its salt: another tenant's
+    // identical prompt meets nothing of it.
+    let mut body = plain.body().clone();
+    body["cache_salt"] = json!("tenant-a");
+    let salted = Request::from_json(Api::Chat, body).unwrap();
+    let p = router.pick(salted).await.unwrap();
+    assert_eq!(p.predicted_cached_tokens, 0, "{p:?}");
+}

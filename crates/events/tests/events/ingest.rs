@@ -353,3 +353,89 @@ fn a_store_names_its_parent_in_router_hashes() {
         .unwrap();
     assert_eq!(other.match_prefix(&chain).blocks_for(pod2), 4);
 }
+
+/// A vLLM 0.33 batch for a LoRA request with a cache salt, encoded by
+/// msgspec with vLLM's structs: every block's extra keys name the adapter,
+/// the first block's the salt too, as vLLM publishes them.
+fn lora_salt_batch_from_msgspec() -> Vec<u8> {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+    let python = format!("{root}/.venv/bin/python");
+    assert!(
+        std::path::Path::new(&python).exists(),
+        "{python} is missing: run scripts/test.sh (it sets up the venv with msgspec)"
+    );
+    let script = format!(
+        r#"
+import sys
+sys.path.insert(0, "{root}/scripts")
+import msgspec
+from kv_publisher import structs
+Batch, Stored, Removed, Cleared = structs(False)
+events = [
+    Stored(block_hashes=[11, 12], parent_block_hash=None, token_ids=list(range(1, 9)), block_size=4,
+           lora_id=7, medium="GPU", lora_name="sql", extra_keys=[("sql", "tenant-42"), ("sql",)]),
+    Stored(block_hashes=[13], parent_block_hash=12, token_ids=list(range(9, 13)), block_size=4,
+           lora_id=7, medium="GPU", lora_name="sql", extra_keys=[("sql",)]),
+    # A multimodal block of another request: its key is not a string.
+    Stored(block_hashes=[21], parent_block_hash=None, token_ids=list(range(1, 5)), block_size=4,
+           lora_id=None, medium="GPU", extra_keys=[(("img-hash", 0),)]),
+]
+sys.stdout.write(msgspec.msgpack.encode(Batch(ts=1.0, events=events)).hex())
+"#
+    );
+    let out = std::process::Command::new(python)
+        .args(["-c", &script])
+        .output()
+        .expect("python runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let hex = String::from_utf8(out.stdout).unwrap();
+    (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+#[test]
+fn vllm_lora_and_salt_extra_keys_meet_requests_in_their_namespace() {
+    let (index, mut ing, pod) = setup();
+    let batch = decode_batch(&lora_salt_batch_from_msgspec()).unwrap();
+    match &batch.events[0] {
+        EngineEvent::BlockStored(s) => {
+            assert_eq!(s.extra_key_strings[0], ["sql", "tenant-42"]);
+            assert_eq!(
+                s.extra_keys,
+                [None, None],
+                "strings only: nothing else to hash"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    ing.apply_batch(pod, &batch);
+    let tokens: Vec<u32> = (1..=12).collect();
+    let hasher = ChainHasher::new(4).unwrap();
+    let ns = Namespace::model("m");
+    let salted = hasher.chain(
+        &ns.clone().with_lora("sql").with_cache_salt("tenant-42"),
+        &tokens,
+    );
+    assert_eq!(index.match_prefix(&salted).blocks_for(pod), 3);
+    // Without the salt, or without the adapter, or as the base model: no hit.
+    let unsalted = hasher.chain(&ns.clone().with_lora("sql"), &tokens);
+    let other = hasher.chain(&ns.clone().with_cache_salt("tenant-42"), &tokens);
+    for chain in [unsalted, other, router_chain(&tokens)] {
+        assert_eq!(index.match_prefix(&chain).blocks_for(pod), 0);
+    }
+    // The multimodal block hashes its content: the text-only chain of the
+    // same tokens does not meet it.
+    assert_eq!(ing.stats().blocks_stored, 4);
+    assert_eq!(
+        index
+            .match_prefix(&router_chain(&tokens[..4]))
+            .blocks_for(pod),
+        0
+    );
+}
