@@ -85,6 +85,7 @@ fn allowed() -> BTreeMap<&'static str, &'static [&'static str]> {
         (
             "router-sim-engine",
             &[
+                "router-core",
                 "router-events",
                 "router-gateway",
                 "router-hash",
