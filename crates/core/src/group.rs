@@ -169,11 +169,12 @@ impl GroupSpec {
     /// attention takes the chunk start of `max` plus the held run from
     /// there; Mamba takes one past the last held block below `max`.
     pub fn longest_hit(&self, max: usize, mut held: impl FnMut(usize) -> bool) -> usize {
-        let bs = self.block_size as usize;
+        // The fields are public: a spec built without `new` must not panic.
+        let bs = (self.block_size as usize).max(1);
         match self.kind {
             GroupKind::Full => (0..max).find(|&i| !held(i)).unwrap_or(max),
             GroupKind::SlidingWindow { window } => {
-                let need = (window as usize - 1).div_ceil(bs);
+                let need = (window as usize).saturating_sub(1).div_ceil(bs);
                 let mut run = 0;
                 for i in (0..max).rev() {
                     if held(i) {
@@ -189,7 +190,7 @@ impl GroupSpec {
                 run
             }
             GroupKind::ChunkedLocal { chunk } => {
-                let per_chunk = chunk as usize / bs;
+                let per_chunk = (chunk as usize / bs).max(1);
                 let start = max / per_chunk * per_chunk;
                 (start..max).find(|&i| !held(i)).unwrap_or(max)
             }

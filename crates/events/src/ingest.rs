@@ -349,15 +349,10 @@ impl<H: BlockHasher, S: CacheEventSink> Ingestor<H, S> {
             self.group_stored(pod, group, s);
             return;
         }
-        let Some(tier) = tier_of(s.medium.as_deref()) else {
-            self.stats.unknown_medium += 1;
+        let Some(tier) = self.tier_counted(s.medium.as_deref()) else {
             return;
         };
-        let bs = if s.block_size > 0 {
-            s.block_size
-        } else {
-            self.default_block_size
-        } as usize;
+        let bs = self.block_size_of(s) as usize;
         if bs == 0 || s.block_hashes.is_empty() {
             return;
         }
@@ -449,8 +444,7 @@ impl<H: BlockHasher, S: CacheEventSink> Ingestor<H, S> {
             self.group_removed(pod, group, r);
             return;
         }
-        let Some(tier) = tier_of(r.medium.as_deref()) else {
-            self.stats.unknown_medium += 1;
+        let Some(tier) = self.tier_counted(r.medium.as_deref()) else {
             return;
         };
         let bit = 1u8 << tier as u8;
@@ -474,6 +468,24 @@ impl<H: BlockHasher, S: CacheEventSink> Ingestor<H, S> {
         self.stats.blocks_removed += blocks.len() as u64;
         if !blocks.is_empty() {
             self.send(CacheEvent::Removed { pod, tier, blocks });
+        }
+    }
+
+    /// The tier a medium names; an unknown one is counted.
+    fn tier_counted(&mut self, medium: Option<&str>) -> Option<Tier> {
+        let tier = tier_of(medium);
+        if tier.is_none() {
+            self.stats.unknown_medium += 1;
+        }
+        tier
+    }
+
+    /// A store's block size: its own, or the configured one.
+    fn block_size_of(&self, s: &BlockStored) -> u32 {
+        if s.block_size > 0 {
+            s.block_size
+        } else {
+            self.default_block_size
         }
     }
 
@@ -502,15 +514,10 @@ impl<H: BlockHasher, S: CacheEventSink> Ingestor<H, S> {
             self.stats.other_group += 1;
             return;
         }
-        let Some(tier) = tier_of(s.medium.as_deref()) else {
-            self.stats.unknown_medium += 1;
+        let Some(tier) = self.tier_counted(s.medium.as_deref()) else {
             return;
         };
-        let bs = if s.block_size > 0 {
-            s.block_size
-        } else {
-            self.default_block_size
-        };
+        let bs = self.block_size_of(s);
         let kind = s.kv_cache_spec_kind.as_deref().unwrap_or("full_attention");
         let spec = GroupKind::from_vllm(kind, s.kv_cache_spec_sliding_window, self.chunk_size)
             .and_then(|k| GroupSpec::new(group, k, bs));
@@ -650,8 +657,7 @@ impl<H: BlockHasher, S: CacheEventSink> Ingestor<H, S> {
             self.stats.other_group += 1;
             return;
         }
-        let Some(tier) = tier_of(r.medium.as_deref()) else {
-            self.stats.unknown_medium += 1;
+        let Some(tier) = self.tier_counted(r.medium.as_deref()) else {
             return;
         };
         let bit = 1u8 << tier as u8;

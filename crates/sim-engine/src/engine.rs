@@ -118,12 +118,13 @@ impl Hybrid {
             Hybrid::SlidingWindow(window) => GroupKind::SlidingWindow { window },
             Hybrid::Mamba => GroupKind::Mamba,
         };
-        // A window of at least 2 and a block size of at least 1: valid.
-        GroupSpec::new(0, kind, block_size.max(1)).unwrap_or(GroupSpec {
+        // Valid by construction: a window of at least 2 (`from_str`), a
+        // block size of at least 1, no chunk.
+        GroupSpec {
             group: 0,
             kind,
             block_size: block_size.max(1),
-        })
+        }
     }
 
     fn vllm_kind(self) -> (&'static str, Option<u32>) {
@@ -137,7 +138,9 @@ impl Hybrid {
     fn kept(self, len: usize, block_size: u32) -> std::ops::Range<usize> {
         match self {
             Hybrid::SlidingWindow(w) => {
-                let n = (w as usize - 1).div_ceil(block_size.max(1) as usize);
+                let n = (w as usize)
+                    .saturating_sub(1)
+                    .div_ceil(block_size.max(1) as usize);
                 len.saturating_sub(n)..len
             }
             Hybrid::Mamba => len.saturating_sub(1)..len,
