@@ -10,6 +10,12 @@
 //!   report the pod); `sweep` is the background clean-up of its 1M bits;
 //!   `query_during_sweep` is the other pod's query latency while a sweep
 //!   runs on another thread, against `query_idle`.
+//! - `hybrid/{index,plain,declared,groups}/N/K`: the same query through
+//!   router-index's `Index` and through `HybridIndex` over it: with no
+//!   hybrid pod (`plain`, what a non-hybrid fleet pays), with a declared
+//!   sliding-window layout that no event has described yet (`declared`),
+//!   and with every pod's sliding-window group holding its prefix
+//!   (`groups`, the hit rule run per pod).
 //! - `store/{new,again}_128`: one store event of a whole 128-block chain
 //!   for one of 16 pods, as W1 and W4 of `compare` send them: `new` stores
 //!   chains the index has never seen (a fresh index every 4000 chains, the
@@ -22,8 +28,11 @@ use std::time::{Duration, Instant};
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use router_bench::subject::Ours;
 use router_bench::workload::{self, Op};
-use router_core::{BlockHash, PodDirectory, PodId, PodKey, PrefixIndex, PrefixMatch, Tier};
-use router_index::{Index, IndexConfig};
+use router_core::{
+    BlockHash, CacheEventSink, GroupChange, GroupKind, GroupSpec, PodDirectory, PodId, PodKey,
+    PrefixIndex, PrefixMatch, Tier,
+};
+use router_index::{HybridIndex, Index, IndexConfig};
 
 fn bench_match(c: &mut Criterion) {
     let mut g = c.benchmark_group("match");
@@ -56,6 +65,54 @@ fn bench_match(c: &mut Criterion) {
                 |b, ch| {
                     b.iter(|| {
                         index.match_prefix_linear_into(ch, &mut out);
+                        out.pods().len()
+                    })
+                },
+            );
+        }
+    }
+    g.finish();
+}
+
+/// What `HybridIndex` adds to a query (see the module's notes).
+fn bench_hybrid(c: &mut Criterion) {
+    let mut g = c.benchmark_group("hybrid");
+    let window =
+        GroupSpec::new(0, GroupKind::SlidingWindow { window: 128 }, 16).expect("a valid group");
+    for (n, k) in [(1024usize, 8usize), (4096, 8), (4096, 64)] {
+        let w = workload::w2(3, n, k, 1, 0);
+        let ours = Ours::new(w.pods);
+        for op in &w.setup {
+            if let Op::Store { pod, from, to, .. } = op {
+                use router_bench::subject::Subject;
+                ours.store(*pod, &w.chains[0], *from as usize, *to as usize);
+            }
+        }
+        let chain = w.chains[0].seq.clone();
+        let index = ours.index().clone();
+        let plain = HybridIndex::new(index.clone());
+        let declared = HybridIndex::with_layout(index.clone(), vec![window]);
+        let groups = HybridIndex::new(index.clone());
+        for m in index.match_prefix(&chain).pods() {
+            let held = &chain[..m.blocks as usize];
+            groups
+                .apply_group(m.pod, &window, Tier::Gpu, GroupChange::Stored, held)
+                .expect("a live pod");
+        }
+        let subjects: [(&str, Arc<dyn PrefixIndex>); 4] = [
+            ("index", index),
+            ("plain", plain),
+            ("declared", declared),
+            ("groups", groups),
+        ];
+        let mut out = PrefixMatch::new(0);
+        for (name, subject) in subjects {
+            g.bench_with_input(
+                BenchmarkId::new(name, format!("{n}/{k}")),
+                &chain,
+                |b, ch| {
+                    b.iter(|| {
+                        subject.match_prefix_into(ch, &mut out);
                         out.pods().len()
                     })
                 },
@@ -203,5 +260,11 @@ fn bench_store(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench_match, bench_shutdown, bench_store);
+criterion_group!(
+    benches,
+    bench_match,
+    bench_hybrid,
+    bench_shutdown,
+    bench_store
+);
 criterion_main!(benches);

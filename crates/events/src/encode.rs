@@ -93,6 +93,21 @@ pub enum WireEvent {
         /// The group's index.
         group: u32,
     },
+    /// A store ([`WireEvent::Stored`] or [`WireEvent::GroupStored`]) whose
+    /// blocks hash more than their tokens, as vLLM publishes a request's
+    /// under a LoRA adapter or with a cache salt: the adapter's id and
+    /// name, and each block's extra keys (vLLM's: the adapter's name on
+    /// every block, the salt on the first of a chain).
+    Keyed {
+        /// The store.
+        event: Box<WireEvent>,
+        /// The adapter's id (vLLM's `lora_int_id`).
+        lora_id: Option<u64>,
+        /// The adapter's name.
+        lora_name: Option<String>,
+        /// Per block, its extra keys (empty: none); all empty: none at all.
+        extra_keys: Vec<Vec<String>>,
+    },
 }
 
 /// One field's value.
@@ -103,6 +118,9 @@ enum Field<'a> {
     Uints(&'a [u64]),
     Tokens(&'a [u32]),
     Str(&'a str),
+    OptStr(Option<&'a str>),
+    /// Per block: an array of strings, or nil for none.
+    ExtraKeys(&'a [Vec<String>]),
 }
 
 /// An event as msgspec sees it: its tag and its fields in declaration
@@ -181,6 +199,25 @@ fn fields(e: &WireEvent) -> (&'static str, Vec<(&'static str, Field<'_>)>) {
             ],
         ),
         WireEvent::Cleared => ("AllBlocksCleared", Vec::new()),
+        WireEvent::Keyed {
+            event,
+            lora_id,
+            lora_name,
+            extra_keys,
+        } => {
+            let (tag, mut fields) = fields(event);
+            for (name, f) in &mut fields {
+                match *name {
+                    "lora_id" => *f = Field::OptUint(*lora_id),
+                    "lora_name" => *f = Field::OptStr(lora_name.as_deref()),
+                    "extra_keys" if extra_keys.iter().any(|k| !k.is_empty()) => {
+                        *f = Field::ExtraKeys(extra_keys);
+                    }
+                    _ => {}
+                }
+            }
+            (tag, fields)
+        }
     }
 }
 
@@ -200,7 +237,19 @@ fn write(out: &mut Vec<u8>, f: &Field<'_>) {
                     .iter()
                     .all(|t| rmp::encode::write_uint(out, u64::from(*t)).is_ok())
         }
-        Field::Str(v) => rmp::encode::write_str(out, v).is_ok(),
+        Field::Str(v) | Field::OptStr(Some(v)) => rmp::encode::write_str(out, v).is_ok(),
+        Field::OptStr(None) => rmp::encode::write_nil(out).is_ok(),
+        Field::ExtraKeys(blocks) => {
+            rmp::encode::write_array_len(out, blocks.len() as u32).is_ok()
+                && blocks.iter().all(|keys| {
+                    if keys.is_empty() {
+                        rmp::encode::write_nil(out).is_ok()
+                    } else {
+                        rmp::encode::write_array_len(out, keys.len() as u32).is_ok()
+                            && keys.iter().all(|k| rmp::encode::write_str(out, k).is_ok())
+                    }
+                })
+        }
     };
     debug_assert!(ok, "writing to a Vec cannot fail");
 }

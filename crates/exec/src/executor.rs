@@ -406,8 +406,21 @@ impl Executor {
     pub async fn execute(
         &self,
         workflow: &Workflow,
+        ctx: Context,
+        request: StepRequest,
+    ) -> Result<Execution, Error> {
+        self.execute_excluding(workflow, ctx, request, &[]).await
+    }
+
+    /// [`Executor::execute`] among the fleet's pods but `excluded` (pods
+    /// that cannot serve this request: another model's, or without its
+    /// LoRA adapter), in every step and every retry.
+    pub async fn execute_excluding(
+        &self,
+        workflow: &Workflow,
         mut ctx: Context,
         request: StepRequest,
+        excluded: &[PodId],
     ) -> Result<Execution, Error> {
         let plan = workflow.plan(&ctx, request.prompt_tokens);
         let Some((last, before)) = plan.split_last() else {
@@ -419,7 +432,7 @@ impl Executor {
         let mut steps = Vec::with_capacity(plan.len());
         for step in before {
             req.kind = step.kind;
-            let run = self.start(step, &mut ctx, &req).await?;
+            let run = self.start(step, &mut ctx, &req, excluded).await?;
             let pod = run.pod;
             steps.push((step.kind, pod));
             let handle = run.drain().await?;
@@ -439,7 +452,7 @@ impl Executor {
             }
         }
         req.kind = last.kind;
-        let run = self.start(last, &mut ctx, &req).await?;
+        let run = self.start(last, &mut ctx, &req, excluded).await?;
         steps.push((last.kind, run.pod));
         Ok(Execution {
             steps,
@@ -509,17 +522,19 @@ impl Executor {
         })
     }
 
-    /// Picks a pod and sends the step until one attempt yields a first
-    /// chunk; a failed pod is excluded from the next attempt.
+    /// Picks a pod (not one of `never`) and sends the step until one
+    /// attempt yields a first chunk; a failed pod is excluded from the
+    /// next attempt.
     async fn start(
         &self,
         step: &Step,
         ctx: &mut Context,
         req: &StepRequest,
+        never: &[PodId],
     ) -> Result<Running, Error> {
         let deadline = Instant::now() + step.timeout;
         let attempts = self.retry.max_attempts.max(1);
-        let mut excluded: Vec<PodId> = Vec::new();
+        let mut excluded: Vec<PodId> = never.to_vec();
         let mut last_err = None;
         let mut pods = Vec::new();
         for attempt in 0..attempts {

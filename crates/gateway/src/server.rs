@@ -147,11 +147,17 @@ fn app(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
+/// The models served, then the LoRA adapters some pod serves, as vLLM
+/// lists them (an adapter's `parent` is its base model).
 async fn models(State(s): State<Arc<AppState>>) -> Response {
-    axum::Json(json!({"object": "list", "data": [
-        {"id": s.router.model(), "object": "model", "owned_by": "cache-router"}
-    ]}))
-    .into_response()
+    let models = s.router.models().into_iter().map(|m| {
+        json!({"id": m, "object": "model", "owned_by": "cache-router", "root": m, "parent": null})
+    });
+    let adapters = s.router.adapters().into_iter().map(|(a, base)| {
+        json!({"id": a, "object": "model", "owned_by": "cache-router", "root": a, "parent": base})
+    });
+    axum::Json(json!({"object": "list", "data": models.chain(adapters).collect::<Vec<_>>()}))
+        .into_response()
 }
 
 async fn health(State(s): State<Arc<AppState>>) -> Response {

@@ -76,6 +76,10 @@ pub struct NatsConfig {
     pub share_load: bool,
     /// Whether speculative registrations are shared.
     pub share_routed: bool,
+    /// Chunked local attention's chunk in tokens, for the log's ingestor
+    /// (the events do not carry it; see router-events'
+    /// `Ingestor::with_chunk_size`).
+    pub attention_chunk_size: Option<u32>,
 }
 
 impl NatsConfig {
@@ -94,6 +98,7 @@ impl NatsConfig {
             duplicate_window: Duration::from_secs(600),
             share_load: true,
             share_routed: true,
+            attention_chunk_size: None,
         }
     }
 
@@ -409,7 +414,8 @@ impl Replica {
         block_size: u32,
         on_clear: Option<router_events::ClearHook>,
     ) -> Result<u64, NatsError> {
-        let ingest = router_events::Ingestor::new(hasher, sink, model, block_size);
+        let ingest = router_events::Ingestor::new(hasher, sink, model, block_size)
+            .with_chunk_size(self.cfg.attention_chunk_size);
         let (handle, at) = log::start(
             self.cfg.clone(),
             self.js.clone(),

@@ -45,6 +45,11 @@ pub struct Config {
     pub simulated: Option<SimulatedConfig>,
     /// Router replicas over NATS JetStream (none: one gateway on its own).
     pub nats: Option<NatsSection>,
+    /// More models behind the same router, beside `[gateway]`'s: each with
+    /// its tokenizer, block size and pods (`[[pods]]` naming it in
+    /// `model`); requests go to a model's pods by their `model`.
+    #[serde(default)]
+    pub models: Vec<ModelConfig>,
     /// Routing profiles (router-policy's format), kept as text for its
     /// registry, which reports errors with this file's line numbers.
     #[serde(default, rename = "profiles")]
@@ -183,6 +188,32 @@ pub struct GatewayConfig {
     pub kv_groups: Vec<String>,
 }
 
+/// One `[[models]]` table: a model served beside `[gateway]`'s, with the
+/// settings that differ between models (the rest are `[gateway]`'s).
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct ModelConfig {
+    /// The model's name, as clients send it and its engines expect it.
+    pub name: String,
+    /// Directory with its `tokenizer.json` (and `tokenizer_config.json`).
+    pub tokenizer: PathBuf,
+    /// Tokens per KV block on its engines.
+    #[serde(default = "default_block_size")]
+    pub block_size: u32,
+    /// Its context limit (see `gateway.max_prompt_tokens`).
+    #[serde(default)]
+    pub max_prompt_tokens: Option<u64>,
+    /// Its other KV-cache groups, if it is a hybrid model (see
+    /// `gateway.kv_groups`).
+    #[serde(default)]
+    pub kv_groups: Vec<String>,
+    /// Its chunked local attention's chunk (see
+    /// `gateway.attention_chunk_size`).
+    #[serde(default)]
+    pub attention_chunk_size: Option<u32>,
+}
+
 /// The `[nats]` table: this gateway is one of several replicas sharing
 /// one event log, snapshots, load and registrations over NATS JetStream.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
@@ -274,6 +305,14 @@ pub struct PodConfig {
     /// Its role.
     #[serde(default)]
     pub role: Role,
+    /// The model it serves: one of `[[models]]` (absent: `[gateway]`'s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// The LoRA adapters it serves (vLLM's `--lora-modules` names): a
+    /// request naming one as its `model` goes to these pods only, its
+    /// blocks hashed under the adapter (as vLLM hashes them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub adapters: Vec<String>,
 }
 
 impl PodConfig {
@@ -286,7 +325,21 @@ impl PodConfig {
             replay: None,
             topic: String::new(),
             role: Role::Both,
+            model: None,
+            adapters: Vec::new(),
         }
+    }
+
+    /// Serving `model` (one of `[[models]]`).
+    pub fn with_model(mut self, model: impl Into<String>) -> Self {
+        self.model = Some(model.into());
+        self
+    }
+
+    /// Serving the LoRA adapters `adapters`.
+    pub fn with_adapters<S: Into<String>>(mut self, adapters: impl IntoIterator<Item = S>) -> Self {
+        self.adapters = adapters.into_iter().map(Into::into).collect();
+        self
     }
 
     /// With an event endpoint and, optionally, a replay endpoint.
@@ -337,6 +390,9 @@ pub struct SimulatedConfig {
     /// events). Absent: full attention only.
     #[serde(default)]
     pub hybrid: Option<String>,
+    /// LoRA adapters every engine serves (their pods list them).
+    #[serde(default)]
+    pub adapters: Vec<String>,
 }
 
 fn default_listen() -> SocketAddr {
@@ -426,6 +482,9 @@ impl Config {
         if let Some(ca) = c.gateway.tls_ca_file.as_mut().filter(|p| p.is_relative()) {
             *ca = base.join(&*ca);
         }
+        for m in c.models.iter_mut().filter(|m| m.tokenizer.is_relative()) {
+            m.tokenizer = base.join(&m.tokenizer);
+        }
         c.check()?;
         Ok(c)
     }
@@ -482,8 +541,103 @@ impl Config {
                 message: e.to_string(),
             })?;
         }
+        self.check_models()?;
+        check_pod_models(&self.pods, &self.model_names())
+    }
+
+    /// Every model served: `[gateway]`'s first, then `[[models]]`'.
+    pub fn model_names(&self) -> Vec<&str> {
+        std::iter::once(self.gateway.model.as_str())
+            .chain(self.models.iter().map(|m| m.name.as_str()))
+            .collect()
+    }
+
+    fn check_models(&self) -> Result<(), Error> {
+        let bad = |message: String| Err(Error::Config { line: 0, message });
+        if self.models.is_empty() {
+            return Ok(());
+        }
+        if self.nats.is_some() {
+            return bad("[nats] serves one model: replicas of a router with [[models]] are not supported yet".into());
+        }
+        let mut seen = std::collections::HashSet::new();
+        for name in self.model_names() {
+            if name.is_empty() || !seen.insert(name) {
+                return bad(format!(
+                    "models: `{name}` is named twice (or empty); each model needs a name of its own"
+                ));
+            }
+        }
+        if let Some(m) = self.models.iter().find(|m| m.block_size == 0) {
+            return bad(format!(
+                "models `{}`: block_size must be at least 1",
+                m.name
+            ));
+        }
         Ok(())
     }
+
+    /// The pods serving `model` (`[gateway]`'s model for pods naming none).
+    pub(crate) fn pods_of(&self, model: &str) -> Vec<PodConfig> {
+        self.pods
+            .iter()
+            .filter(|p| p.model.as_deref().unwrap_or(&self.gateway.model) == model)
+            .cloned()
+            .collect()
+    }
+
+    /// The configuration of one model (`[gateway]`'s for `None`) with the
+    /// pods that serve it: what one model's part of a [`Router`] starts
+    /// from.
+    ///
+    /// [`Router`]: crate::Router
+    pub(crate) fn for_model(&self, model: Option<&ModelConfig>) -> Config {
+        let mut c = self.clone();
+        c.models.clear();
+        let name = model.map_or(self.gateway.model.as_str(), |m| m.name.as_str());
+        let of = |p: &PodConfig| p.model.as_deref().unwrap_or(&self.gateway.model) == name;
+        c.pods.retain(of);
+        c.fixed.retain(of);
+        if let Some(m) = model {
+            let g = &mut c.gateway;
+            g.model = m.name.clone();
+            g.tokenizer = m.tokenizer.clone();
+            g.block_size = m.block_size;
+            g.max_prompt_tokens = m.max_prompt_tokens;
+            g.kv_groups = m.kv_groups.clone();
+            g.attention_chunk_size = m.attention_chunk_size;
+            // Engines of other models are not simulated.
+            c.simulated = None;
+        }
+        c
+    }
+}
+
+/// Every pod's `model` is one served; adapter names are not empty and
+/// not a served model's.
+pub(crate) fn check_pod_models(pods: &[PodConfig], models: &[&str]) -> Result<(), Error> {
+    for p in pods {
+        if let Some(m) = &p.model
+            && !models.contains(&m.as_str())
+        {
+            return Err(Error::Pods(format!(
+                "pod `{}`: model `{m}` is not served (models: {})",
+                p.name,
+                models.join(", ")
+            )));
+        }
+        if let Some(a) = p
+            .adapters
+            .iter()
+            .find(|a| a.is_empty() || models.contains(&a.as_str()))
+        {
+            return Err(Error::Pods(format!(
+                "pod `{}`: adapter `{a}` is empty or a model's name",
+                p.name
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Pod names must be unique and URLs HTTP.

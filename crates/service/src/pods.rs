@@ -110,6 +110,23 @@ fn add_stats(a: &mut IngestStats, b: &IngestStats) {
     a.unresolved_group_blocks += b.unresolved_group_blocks;
 }
 
+/// A conflict if `c`'s name or URL is one of `entries`'.
+fn conflict(entries: &BTreeMap<String, Entry>, c: &PodConfig) -> Result<(), Error> {
+    if entries.contains_key(&c.name) {
+        return Err(Error::PodConflict(format!(
+            "a pod named `{}` exists",
+            c.name
+        )));
+    }
+    match entries.iter().find(|(_, e)| e.config.url == c.url) {
+        Some((name, _)) => Err(Error::PodConflict(format!(
+            "pod `{name}` has the url `{}`",
+            c.url
+        ))),
+        None => Ok(()),
+    }
+}
+
 impl Pods {
     pub(crate) fn new(
         index: Arc<Index>,
@@ -183,18 +200,7 @@ impl Pods {
     pub(crate) fn add(&self, mut c: PodConfig) -> Result<PodId, Error> {
         normalise_pod(&mut c)?;
         let mut entries = self.entries.lock();
-        if entries.contains_key(&c.name) {
-            return Err(Error::PodConflict(format!(
-                "a pod named `{}` exists",
-                c.name
-            )));
-        }
-        if let Some((name, _)) = entries.iter().find(|(_, e)| e.config.url == c.url) {
-            return Err(Error::PodConflict(format!(
-                "pod `{name}` has the url `{}`",
-                c.url
-            )));
-        }
+        conflict(&entries, &c)?;
         let id = self.join(&c)?;
         entries.insert(
             c.name.clone(),
@@ -279,15 +285,41 @@ impl Pods {
             .map(|(n, _)| n.clone())
     }
 
-    /// The ids of the pods whose base URL `keep` accepts (no URL copied:
-    /// a pick's subset filter runs this per request).
-    pub(crate) fn ids_where(&self, keep: impl Fn(&str) -> bool) -> Vec<PodId> {
+    /// The ids of the pods whose configuration `keep` accepts (nothing
+    /// copied: a pick's subset filter runs this per request).
+    pub(crate) fn ids_where(&self, keep: impl Fn(&PodConfig) -> bool) -> Vec<PodId> {
         self.entries
             .lock()
             .values()
-            .filter(|e| keep(&e.config.url))
+            .filter(|e| keep(&e.config))
             .map(|e| e.id)
             .collect()
+    }
+
+    /// Whether some pod serves the LoRA adapter `adapter`.
+    pub(crate) fn serves_adapter(&self, adapter: &str) -> bool {
+        self.entries
+            .lock()
+            .values()
+            .any(|e| e.config.adapters.iter().any(|a| a == adapter))
+    }
+
+    /// The LoRA adapters the pods serve.
+    pub(crate) fn adapters(&self) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .entries
+            .lock()
+            .values()
+            .flat_map(|e| e.config.adapters.iter().cloned())
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    /// A conflict if `c`'s name or URL is another pod's here.
+    pub(crate) fn refuse_conflict(&self, c: &PodConfig) -> Result<(), Error> {
+        conflict(&self.entries.lock(), c)
     }
 
     /// The name and base URL of the pod with id `id`.

@@ -267,6 +267,17 @@ struct Prepared {
     body: Value,
     prompt_tokens: u64,
     ctx: Context,
+    /// The LoRA adapter the request names, served by some pods only.
+    adapter: Option<String>,
+}
+
+/// What the models behind one [`Router`] share: the index (pod ids are
+/// unique across models; blocks never collide, since each model's chains
+/// hash in its own namespace) and the metrics.
+#[derive(Clone)]
+struct Shared {
+    index: Arc<Index>,
+    metrics: Arc<Metrics>,
 }
 
 struct Inner {
@@ -323,7 +334,11 @@ impl Drop for Inner {
 /// ```
 #[derive(Clone)]
 pub struct Router {
+    /// The first model's core (`[gateway]`'s).
     inner: Arc<Inner>,
+    /// With `[[models]]`: every model's router, the first one first (each
+    /// with no models of its own); empty when one model is served.
+    models: Arc<[Router]>,
 }
 
 impl std::fmt::Debug for Router {
@@ -588,10 +603,12 @@ struct Parts {
 }
 
 impl Parts {
-    fn new(config: &Config) -> Result<(Parts, Option<Vec<u8>>), Error> {
+    fn new(config: &Config, shared: Option<&Shared>) -> Result<(Parts, Option<Vec<u8>>), Error> {
         let g = &config.gateway;
-        let metrics = Arc::new(Metrics::new());
-        let index: Arc<Index> = Index::new(IndexConfig::default());
+        let (index, metrics) = match shared {
+            Some(s) => (s.index.clone(), s.metrics.clone()),
+            None => (Index::new(IndexConfig::default()), Arc::new(Metrics::new())),
+        };
         let mut declared = Vec::with_capacity(g.kv_groups.len());
         for (i, k) in g.kv_groups.iter().enumerate() {
             let spec = k
@@ -658,8 +675,38 @@ fn client_error(what: &str, e: &reqwest::Error) -> Error {
 impl Router {
     /// Starts the router `config` describes on the current tokio runtime
     /// (multi-threaded): joins its `[[pods]]`, follows their events,
-    /// probes their health, connects to NATS when `[nats]` is set.
+    /// probes their health, connects to NATS when `[nats]` is set. With
+    /// `[[models]]`, each model gets its own tokenizer, chains, profiles,
+    /// pods and event followers; the index and the metrics are shared.
     pub async fn start(mut config: Config) -> Result<Router, Error> {
+        // Pods added in code ([`Config::add_fixed_pod`]) are checked here.
+        crate::config::check_pod_models(&config.pods, &config.model_names())?;
+        if config.models.is_empty() {
+            return Router::start_one(config, None).await;
+        }
+        // Names and URLs are unique across every model's pods.
+        crate::config::normalise_pods(&mut config.pods)?;
+        let shared = Shared {
+            index: Index::new(IndexConfig::default()),
+            metrics: Arc::new(Metrics::new()),
+        };
+        let mut all = vec![Router::start_one(config.for_model(None), Some(shared.clone())).await?];
+        for m in &config.models {
+            all.push(Router::start_one(config.for_model(Some(m)), Some(shared.clone())).await?);
+        }
+        let pods: Vec<_> = all.iter().map(|r| Arc::downgrade(&r.inner.pods)).collect();
+        shared.metrics.set_namer(Arc::new(move |id| {
+            pods.iter().find_map(|p| p.upgrade()?.name_of(id))
+        }));
+        Ok(Router {
+            inner: all[0].inner.clone(),
+            models: all.into(),
+        })
+    }
+
+    /// One model's router: `shared` holds what the models behind one
+    /// router share (none: a router of one model).
+    async fn start_one(mut config: Config, shared: Option<Shared>) -> Result<Router, Error> {
         let g = config.gateway.clone();
         let tokenizer = Arc::new(ModelTokenizer::from_dir(&g.tokenizer)?);
         if config.simulated.is_some() {
@@ -673,7 +720,7 @@ impl Router {
         }
         crate::config::normalise_pods(&mut config.pods)?;
         let hasher = ChainHasher::new(g.block_size as usize)?;
-        let (p, extra_ca) = Parts::new(&config)?;
+        let (p, extra_ca) = Parts::new(&config, shared.as_ref())?;
         let forget = p.routed.clone();
         // Registrations end when the engine evicts their blocks.
         // With `hybrid_groups` off, the plain index refuses other groups'
@@ -695,9 +742,13 @@ impl Router {
         .on_clear(Arc::new(move |pod, _| forget.remove_pod(pod)));
         let replica = match &config.nats {
             Some(n) => Some(Arc::new(
-                router_nats::Replica::connect(n.to_config())
-                    .await
-                    .map_err(|e| Error::Nats(e.to_string()))?,
+                router_nats::Replica::connect({
+                    let mut c = n.to_config();
+                    c.attention_chunk_size = g.attention_chunk_size;
+                    c
+                })
+                .await
+                .map_err(|e| Error::Nats(e.to_string()))?,
             )),
             None => None,
         };
@@ -713,9 +764,11 @@ impl Router {
         for pod in config.pods.clone() {
             pods.add(pod)?;
         }
-        let named = Arc::downgrade(&pods);
-        p.metrics
-            .set_namer(Arc::new(move |id| named.upgrade()?.name_of(id)));
+        if shared.is_none() {
+            let named = Arc::downgrade(&pods);
+            p.metrics
+                .set_namer(Arc::new(move |id| named.upgrade()?.name_of(id)));
+        }
         if let Some(r) = &replica {
             // The index is built from the shared log (after the newest
             // snapshot); load and registrations are shared.
@@ -754,6 +807,7 @@ impl Router {
             tasks.push(tokio::spawn(watch_pods(
                 Arc::downgrade(&pods),
                 path.clone(),
+                g.model.clone(),
                 config.fixed.clone(),
                 Duration::from_millis(g.watch_pods_ms),
             )));
@@ -792,12 +846,63 @@ impl Router {
         }
         Ok(Router {
             inner: Arc::new(inner),
+            models: Arc::from(Vec::new()),
         })
     }
 
-    /// The model served (requests for another are refused with a 404).
+    /// Every model's router (this one alone when it serves one model).
+    fn all(&self) -> &[Router] {
+        if self.models.is_empty() {
+            std::slice::from_ref(self)
+        } else {
+            &self.models
+        }
+    }
+
+    /// The first model served (`[gateway]`'s).
     pub fn model(&self) -> &str {
         &self.inner.model
+    }
+
+    /// Every model served, the first one first (requests for another, or
+    /// for an adapter no pod serves, are refused with a 404).
+    pub fn models(&self) -> Vec<String> {
+        self.all().iter().map(|r| r.inner.model.clone()).collect()
+    }
+
+    /// The LoRA adapters some pod serves, each with its base model, sorted.
+    pub fn adapters(&self) -> Vec<(String, String)> {
+        let mut out: Vec<(String, String)> = self
+            .all()
+            .iter()
+            .flat_map(|r| {
+                r.inner
+                    .pods
+                    .adapters()
+                    .into_iter()
+                    .map(|a| (a, r.inner.model.clone()))
+            })
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    /// The model's router a request for `model` goes to, with the LoRA
+    /// adapter it names (a model's name first; then an adapter some pod
+    /// serves); a 404 as vLLM answers otherwise.
+    fn target(&self, model: &str) -> Result<(&Router, Option<String>), Refusal> {
+        let all = self.all();
+        if let Some(r) = all.iter().find(|r| r.inner.model == model) {
+            return Ok((r, None));
+        }
+        match all.iter().find(|r| r.inner.pods.serves_adapter(model)) {
+            Some(r) => Ok((r, Some(model.to_owned()))),
+            None => Err(Refusal::new(
+                "unknown_model",
+                ApiError::unknown_model(model),
+            )),
+        }
     }
 
     /// Decides where `request` goes without sending it (for a front that
@@ -816,8 +921,9 @@ impl Router {
         eligible: impl Fn(&str) -> bool,
     ) -> Result<Pick, Refusal> {
         let arrived = Instant::now();
-        let p = self.prepare(request).await?;
-        self.decide(p, arrived, eligible)
+        let (r, adapter) = self.target(request.model())?;
+        let p = r.prepare(request, adapter).await?;
+        r.decide(p, arrived, eligible)
     }
 
     /// [`Router::pick`] done entirely on the calling thread, tokenizing
@@ -828,14 +934,15 @@ impl Router {
     /// keep here.
     pub fn pick_blocking(&self, request: Request) -> Result<Pick, Refusal> {
         let arrived = Instant::now();
-        let asked = self.check(&request)?;
+        let (r, adapter) = self.target(request.model())?;
+        let asked = r.check(&request)?;
         let session = request.session().map(str::to_owned);
-        let s = &self.inner;
+        let s = &r.inner;
         let (api, body) = request.into_parts();
         let tokens = openai::prompt_tokens(api, &body, &s.tokenizer, s.sanitize_control_tokens)
             .map_err(|e| Refusal::new("bad_request", e))?;
-        let p = self.prepared(session, body, tokens, asked)?;
-        self.decide(p, arrived, |_| true)
+        let p = r.prepared(session, body, tokens, asked, adapter)?;
+        r.decide(p, arrived, |_| true)
     }
 
     /// The decision of a prepared request among the pods `eligible`
@@ -847,7 +954,10 @@ impl Router {
         eligible: impl Fn(&str) -> bool,
     ) -> Result<Pick, Refusal> {
         let s = &self.inner;
-        let excluded = s.pods.ids_where(|url| !eligible(url));
+        let adapter = p.adapter.as_deref();
+        let excluded = s
+            .pods
+            .ids_where(|c| !eligible(&c.url) || adapter.is_some_and(|a| !serves(c, a)));
         let lease = s
             .executor
             .lease(&s.workflow, p.ctx, p.prompt_tokens, &excluded)
@@ -876,9 +986,24 @@ impl Router {
     /// workflow); the answer streams from the returned [`Routed`].
     pub async fn route(&self, request: Request) -> Result<Routed, Refusal> {
         let arrived = Instant::now();
+        let (r, adapter) = self.target(request.model())?;
+        r.route_here(request, adapter, arrived).await
+    }
+
+    /// [`Router::route`] on this model's pods (those serving `adapter`).
+    async fn route_here(
+        &self,
+        request: Request,
+        adapter: Option<String>,
+        arrived: Instant,
+    ) -> Result<Routed, Refusal> {
         let stream = request.is_stream();
-        let p = self.prepare(request).await?;
+        let p = self.prepare(request, adapter).await?;
         let s = &self.inner;
+        let excluded = match p.adapter.as_deref() {
+            Some(a) => s.pods.ids_where(|c| !serves(c, a)),
+            None => Vec::new(),
+        };
         let mut body = p.body;
         if stream {
             // The engine's usage chunk feeds the cache feedback; a front
@@ -888,7 +1013,7 @@ impl Router {
         let req = StepRequest::new(body, p.prompt_tokens);
         let execution = s
             .executor
-            .execute(&s.workflow, p.ctx, req)
+            .execute_excluding(&s.workflow, p.ctx, req, &excluded)
             .await
             .map_err(|e| refusal(&e))?;
         let predicted = u64::from(execution.predicted_cached_blocks()) * s.block_size;
@@ -926,25 +1051,24 @@ impl Router {
             .inc_by(predicted);
     }
 
-    /// Checks `request` (the served model, the context limit), tokenizes it
-    /// as the engine will and hashes it into what the profiles read.
-    async fn prepare(&self, request: Request) -> Result<Prepared, Refusal> {
+    /// Checks `request` (the context limit; its model is this router's or
+    /// `adapter`), tokenizes it as the engine will and hashes it into what
+    /// the profiles read.
+    async fn prepare(
+        &self,
+        request: Request,
+        adapter: Option<String>,
+    ) -> Result<Prepared, Refusal> {
         let asked = self.check(&request)?;
         let session = request.session().map(str::to_owned);
         let (body, tokens) = self.tokenize(request).await?;
-        self.prepared(session, body, tokens, asked)
+        self.prepared(session, body, tokens, asked, adapter)
     }
 
-    /// The checks before tokenizing: the served model, and a lower bound
-    /// of the prompt against the context limit; the tokens asked for.
+    /// The checks before tokenizing: a lower bound of the prompt against
+    /// the context limit; the tokens asked for.
     fn check(&self, request: &Request) -> Result<u64, Refusal> {
         let s = &self.inner;
-        if request.model() != s.model {
-            return Err(Refusal::new(
-                "unknown_model",
-                ApiError::unknown_model(request.model()),
-            ));
-        }
         let asked = request.max_tokens();
         if let Some(limit) = s.max_prompt_tokens {
             let at_least = openai::prompt_tokens_at_least(request.body(), |b| {
@@ -966,6 +1090,7 @@ impl Router {
         body: Value,
         tokens: Vec<u32>,
         asked: u64,
+        adapter: Option<String>,
     ) -> Result<Prepared, Refusal> {
         let s = &self.inner;
         let prompt = tokens.len() as u64;
@@ -980,11 +1105,12 @@ impl Router {
         s.metrics.prompt_tokens.inc_by(prompt);
         // vLLM's `cache_salt`: the request's blocks hash in its namespace.
         let salt = body.get("cache_salt").and_then(Value::as_str);
-        let ctx = self.context(session, salt, &tokens);
+        let ctx = self.context(session, adapter.as_deref(), salt, &tokens);
         Ok(Prepared {
             body,
             prompt_tokens: prompt,
             ctx,
+            adapter,
         })
     }
 
@@ -1022,15 +1148,24 @@ impl Router {
         Ok((body, tokens.map_err(|e| Refusal::new("bad_request", e))?))
     }
 
-    /// What the profiles read: the chain, the prompt's length, the session
-    /// and the hash key.
-    fn context(&self, session: Option<String>, salt: Option<&str>, tokens: &[u32]) -> Context {
+    /// What the profiles read: the chain (in the namespace of the model,
+    /// its LoRA adapter and the cache salt), the prompt's length, the
+    /// session and the hash key.
+    fn context(
+        &self,
+        session: Option<String>,
+        adapter: Option<&str>,
+        salt: Option<&str>,
+        tokens: &[u32],
+    ) -> Context {
         let s = &self.inner;
-        let chain = match salt {
-            Some(salt) => s
-                .hasher
-                .chain(&s.namespace.clone().with_cache_salt(salt), tokens),
-            None => s.hasher.chain(&s.namespace, tokens),
+        let chain = if adapter.is_none() && salt.is_none() {
+            s.hasher.chain(&s.namespace, tokens)
+        } else {
+            let mut ns = s.namespace.clone();
+            ns.lora_name = adapter.map(str::to_owned);
+            ns.cache_salt = salt.map(str::to_owned);
+            s.hasher.chain(&ns, tokens)
         };
         let mut ctx = Context::new();
         ctx.insert(PROMPT_TOKENS, tokens.len() as u64);
@@ -1048,21 +1183,59 @@ impl Router {
         ctx
     }
 
-    /// Adds a pod (joined to the index, followed, probed); its id.
-    pub fn add_pod(&self, pod: PodConfig) -> Result<PodId, Error> {
-        self.inner.pods.add(pod)
+    /// Adds a pod (joined to the index, followed, probed) to its model's
+    /// pods; its id.
+    pub fn add_pod(&self, mut pod: PodConfig) -> Result<PodId, Error> {
+        crate::config::normalise_pod(&mut pod)?;
+        let r = self.owner(&pod)?;
+        for other in self.all() {
+            if !Arc::ptr_eq(&other.inner, &r.inner) {
+                other.inner.pods.refuse_conflict(&pod)?;
+            }
+        }
+        r.inner.pods.add(pod)
+    }
+
+    /// The model's router that `pod` joins: its `model`'s (`[gateway]`'s
+    /// without one), its adapters checked.
+    fn owner(&self, pod: &PodConfig) -> Result<&Router, Error> {
+        let names = self.models();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        crate::config::check_pod_models(std::slice::from_ref(pod), &names)?;
+        let model = pod.model.as_deref().unwrap_or(&self.inner.model);
+        Ok(self
+            .all()
+            .iter()
+            .find(|r| r.inner.model == model)
+            .unwrap_or(self))
     }
 
     /// Removes the pod named `name`; whether there was one.
     pub fn remove_pod(&self, name: &str) -> bool {
-        self.inner.pods.remove(name)
+        self.all().iter().any(|r| r.inner.pods.remove(name))
     }
 
-    /// Makes the pod set `wanted` (pods changed are replaced); the names
-    /// added and removed.
-    pub fn replace_pods(&self, wanted: Vec<PodConfig>) -> Result<PodChanges, Error> {
-        let (added, removed) = self.inner.pods.replace_all(wanted)?;
-        Ok(PodChanges { added, removed })
+    /// Makes the pod set `wanted` (pods changed are replaced, each pod in
+    /// its model's set); the names added and removed.
+    pub fn replace_pods(&self, mut wanted: Vec<PodConfig>) -> Result<PodChanges, Error> {
+        crate::config::normalise_pods(&mut wanted)?;
+        let mut by_model: Vec<Vec<PodConfig>> = vec![Vec::new(); self.all().len()];
+        for pod in wanted {
+            let owner = self.owner(&pod)?;
+            let at = self
+                .all()
+                .iter()
+                .position(|r| Arc::ptr_eq(&r.inner, &owner.inner))
+                .unwrap_or(0);
+            by_model[at].push(pod);
+        }
+        let mut changes = PodChanges::default();
+        for (r, wanted) in self.all().iter().zip(by_model) {
+            let (added, removed) = r.inner.pods.replace_all(wanted)?;
+            changes.added.extend(added);
+            changes.removed.extend(removed);
+        }
+        Ok(changes)
     }
 
     /// Re-reads the configuration file the router was started from and
@@ -1072,29 +1245,41 @@ impl Router {
         let path = self.inner.config_path.as_ref()?;
         Some(Config::load(path).and_then(|config| {
             let mut wanted = config.pods;
-            wanted.extend(self.inner.fixed.iter().cloned());
+            wanted.extend(self.fixed_pods());
             self.replace_pods(wanted)
         }))
     }
 
-    /// The pods, by name.
+    /// The pods, by name (model by model).
     pub fn pods(&self) -> Vec<PodView> {
-        self.inner.pods.views()
+        self.all()
+            .iter()
+            .flat_map(|r| r.inner.pods.views())
+            .collect()
     }
 
     /// The pods kept across reloads ([`Config::add_fixed_pod`]).
     pub fn fixed_pods(&self) -> Vec<PodConfig> {
-        self.inner.fixed.clone()
+        self.all()
+            .iter()
+            .flat_map(|r| r.inner.fixed.iter().cloned())
+            .collect()
     }
 
-    /// How many pods there are and how many answer.
+    /// How many pods there are and how many answer (every model's).
     pub fn health(&self) -> Health {
-        let pods = &self.inner.pods;
-        Health {
-            pods: pods.ids().len(),
-            answering: pods.answering(),
-            probed: pods.probed_once(),
+        let mut h = Health {
+            pods: 0,
+            answering: 0,
+            probed: true,
+        };
+        for r in self.all() {
+            let pods = &r.inner.pods;
+            h.pods += pods.ids().len();
+            h.answering += pods.answering();
+            h.probed &= pods.probed_once();
         }
+        h
     }
 
     /// The metrics, recorded as requests pass.
@@ -1109,18 +1294,27 @@ impl Router {
         self.inner.metrics.render()
     }
 
+    /// Brings the metrics other parts own up to date: the totals summed
+    /// over every model's pods (the models share one [`Metrics`]).
     fn refresh_metrics(&self) {
         let s = &self.inner;
         let m = &s.metrics;
-        let ingest = s.pods.ingest_totals();
-        let stream = s.pods.subscriber.stream_stats();
-        raise(&m.events_batches, stream.batches);
-        raise(&m.events_applied, ingest.events_applied);
-        raise(&m.event_gaps, stream.gaps);
-        raise(&m.event_replayed, stream.replayed);
-        raise(&m.engine_restarts, stream.restarts);
-        raise(&m.pod_resets, stream.resets);
-        raise(&m.event_recovered, stream.recovered);
+        let all = self.all();
+        let ingests: Vec<_> = all.iter().map(|r| r.inner.pods.ingest_totals()).collect();
+        let streams: Vec<_> = all
+            .iter()
+            .map(|r| r.inner.pods.subscriber.stream_stats())
+            .collect();
+        let stream = |f: fn(&router_events::StreamStats) -> u64| streams.iter().map(f).sum::<u64>();
+        let ingested =
+            |f: fn(&router_events::IngestStats) -> u64| ingests.iter().map(f).sum::<u64>();
+        raise(&m.events_batches, stream(|s| s.batches));
+        raise(&m.events_applied, ingested(|s| s.events_applied));
+        raise(&m.event_gaps, stream(|s| s.gaps));
+        raise(&m.event_replayed, stream(|s| s.replayed));
+        raise(&m.engine_restarts, stream(|s| s.restarts));
+        raise(&m.pod_resets, stream(|s| s.resets));
+        raise(&m.event_recovered, stream(|s| s.recovered));
         if let Some(r) = &s.pods.replica {
             let st = r.stats();
             for (what, n) in [
@@ -1142,28 +1336,40 @@ impl Router {
             }
         }
         for (reason, n) in [
-            ("unknown_parent", ingest.unknown_parent),
-            ("other_group", ingest.other_group),
-            ("unsupported_group", ingest.unsupported_group),
-            ("unresolved_group_block", ingest.unresolved_group_blocks),
-            ("unknown_medium", ingest.unknown_medium),
-            ("token_mismatch", ingest.token_mismatch),
-            ("unknown_removed", ingest.unknown_removed),
-            ("sink_refused", ingest.sink_refused),
-            ("unknown_event", ingest.unknown_events),
-            ("bad_frame", stream.bad_frames),
-            ("undecodable_batch", stream.decode_errors),
-            ("stale_batch", stream.stale),
+            ("unknown_parent", ingested(|s| s.unknown_parent)),
+            ("other_group", ingested(|s| s.other_group)),
+            ("unsupported_group", ingested(|s| s.unsupported_group)),
+            (
+                "unresolved_group_block",
+                ingested(|s| s.unresolved_group_blocks),
+            ),
+            ("unknown_medium", ingested(|s| s.unknown_medium)),
+            ("token_mismatch", ingested(|s| s.token_mismatch)),
+            ("unknown_removed", ingested(|s| s.unknown_removed)),
+            ("sink_refused", ingested(|s| s.sink_refused)),
+            ("unknown_event", ingested(|s| s.unknown_events)),
+            ("bad_frame", stream(|s| s.bad_frames)),
+            ("undecodable_batch", stream(|s| s.decode_errors)),
+            ("stale_batch", stream(|s| s.stale)),
         ] {
             raise(&m.events_skipped.with_label_values(&[reason]), n);
         }
-        m.event_lag_seconds.set(stream.last_lag_us as f64 / 1e6);
-        m.event_lag_max_seconds.set(stream.max_lag_us as f64 / 1e6);
+        // The lag of the latest batch is the first model's (the maximum is
+        // every model's).
+        m.event_lag_seconds
+            .set(streams.first().map_or(0, |s| s.last_lag_us) as f64 / 1e6);
+        m.event_lag_max_seconds
+            .set(streams.iter().map(|s| s.max_lag_us).max().unwrap_or(0) as f64 / 1e6);
         raise(
             &m.engine_metrics_errors,
-            s.pods
-                .metrics_errors
-                .load(std::sync::atomic::Ordering::Relaxed),
+            all.iter()
+                .map(|r| {
+                    r.inner
+                        .pods
+                        .metrics_errors
+                        .load(std::sync::atomic::Ordering::Relaxed)
+                })
+                .sum(),
         );
         self.refresh_pod_gauges();
         let is = s.pods.index.stats();
@@ -1172,8 +1378,7 @@ impl Router {
     }
 
     fn refresh_pod_gauges(&self) {
-        let s = &self.inner;
-        let m = &s.metrics;
+        let m = &self.inner.metrics;
         for g in [
             &m.pod_in_flight,
             &m.pod_queued_prefill_tokens,
@@ -1187,6 +1392,15 @@ impl Router {
             g.reset();
         }
         m.pod_engine_kv_usage.reset();
+        for r in self.all() {
+            r.set_pod_gauges();
+        }
+    }
+
+    /// This model's pods' gauges (reset by the caller).
+    fn set_pod_gauges(&self) {
+        let s = &self.inner;
+        let m = &s.metrics;
         for (name, e) in s.pods.engine_reports() {
             let n = [name.as_str()];
             let count = |v: Option<u64>| v.map_or(0, clamp);
@@ -1228,6 +1442,7 @@ impl Router {
 async fn watch_pods(
     pods: std::sync::Weak<Pods>,
     path: PathBuf,
+    model: String,
     fixed: Vec<PodConfig>,
     every: Duration,
 ) {
@@ -1245,8 +1460,9 @@ async fn watch_pods(
             continue;
         }
         seen = now;
+        // This model's pods only: each model's router watches the file.
         let applied = Config::load(&path).and_then(|c| {
-            let mut wanted = c.pods;
+            let mut wanted = c.pods_of(&model);
             wanted.extend(fixed.iter().cloned());
             pods.replace_all(wanted)
         });
@@ -1259,6 +1475,11 @@ async fn watch_pods(
             }
         }
     }
+}
+
+/// Whether the pod serves the LoRA adapter `adapter`.
+fn serves(pod: &PodConfig, adapter: &str) -> bool {
+    pod.adapters.iter().any(|a| a == adapter)
 }
 
 fn clamp(v: u64) -> i64 {

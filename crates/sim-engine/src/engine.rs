@@ -75,6 +75,10 @@ pub struct EngineConfig {
     pub default_max_tokens: u32,
     /// A hybrid model: one more KV-cache group beside full attention.
     pub hybrid: Option<Hybrid>,
+    /// LoRA adapters served (vLLM's `--lora-modules` names): a request
+    /// naming one as its `model` runs under it, its blocks hashed with the
+    /// adapter's name and published with it; any other model is a 404.
+    pub adapters: Vec<String>,
 }
 
 /// A hybrid model's second KV-cache group, modelled as vLLM runs it with
@@ -165,7 +169,14 @@ impl EngineConfig {
             replay_buffer: 10_000,
             default_max_tokens: 16,
             hybrid: None,
+            adapters: Vec::new(),
         }
+    }
+
+    /// Serves the LoRA adapters `adapters`.
+    pub fn adapters<S: Into<String>>(mut self, adapters: impl IntoIterator<Item = S>) -> Self {
+        self.adapters = adapters.into_iter().map(Into::into).collect();
+        self
     }
 
     /// Makes the model a hybrid one.
@@ -547,11 +558,16 @@ async fn chat(State(e): State<Arc<Engine>>, body: Bytes) -> Response {
     e.serve(Api::Chat, &body).await
 }
 
+/// The model, then its LoRA adapters with the model as `parent`, as vLLM
+/// lists them.
 async fn models(State(e): State<Arc<Engine>>) -> Response {
-    axum::Json(json!({"object": "list", "data": [
-        {"id": e.cfg.model, "object": "model", "owned_by": "cache-router-sim"}
-    ]}))
-    .into_response()
+    let m = &e.cfg.model;
+    let base = json!({"id": m, "object": "model", "owned_by": "cache-router-sim", "root": m, "parent": null});
+    let adapters = e.cfg.adapters.iter().map(
+        |a| json!({"id": a, "object": "model", "owned_by": "cache-router-sim", "root": a, "parent": m}),
+    );
+    axum::Json(json!({"object": "list", "data": std::iter::once(base).chain(adapters).collect::<Vec<_>>()}))
+        .into_response()
 }
 
 /// What vLLM's `/metrics` reports about the scheduler and the KV cache,
@@ -591,6 +607,52 @@ async fn metrics(State(e): State<Arc<Engine>>) -> Response {
         .into_response()
 }
 
+/// What a request's blocks hash beside their tokens, as vLLM's extra keys:
+/// the LoRA adapter's name on every block, the cache salt on the first.
+#[derive(Debug, Default)]
+struct Keys {
+    /// The adapter's id (its place among the adapters, from 1) and name.
+    adapter: Option<(u64, String)>,
+    salt: Option<String>,
+}
+
+impl Keys {
+    /// Block `pos`'s extra keys.
+    fn of_block(&self, pos: usize) -> Vec<String> {
+        let salt = self.salt.as_ref().filter(|_| pos == 0);
+        self.adapter
+            .as_ref()
+            .map(|(_, a)| a)
+            .into_iter()
+            .chain(salt)
+            .cloned()
+            .collect()
+    }
+
+    /// `e` as vLLM publishes it with these keys: a store gets the adapter
+    /// and each block's extra keys (`at`: where each of the request's
+    /// blocks sits in its chain).
+    fn publish(&self, e: WireEvent, at: &HashMap<u64, usize>) -> WireEvent {
+        if self.adapter.is_none() && self.salt.is_none() {
+            return e;
+        }
+        let hashes = match &e {
+            WireEvent::Stored { hashes, .. } | WireEvent::GroupStored { hashes, .. } => hashes,
+            _ => return e,
+        };
+        let extra_keys = hashes
+            .iter()
+            .map(|h| at.get(h).map_or_else(Vec::new, |&p| self.of_block(p)))
+            .collect();
+        WireEvent::Keyed {
+            lora_id: self.adapter.as_ref().map(|a| a.0),
+            lora_name: self.adapter.as_ref().map(|a| a.1.clone()),
+            extra_keys,
+            event: Box::new(e),
+        }
+    }
+}
+
 /// A request's pinned blocks, unpinned however the request ends.
 struct Lease {
     engine: Arc<Engine>,
@@ -628,20 +690,47 @@ impl Engine {
         Duration::from_secs_f64((ms * self.cfg.time_scale / 1000.0).max(0.0))
     }
 
-    /// The engine's own block hashes of the full blocks of `tokens`.
-    fn block_hashes(&self, tokens: &[u32]) -> Vec<u64> {
+    /// The engine's own block hashes of the full blocks of `tokens`, each
+    /// with its extra keys (as vLLM hashes them with its tokens).
+    fn block_hashes(&self, tokens: &[u32], keys: &Keys) -> Vec<u64> {
         let bs = self.cfg.block_size as usize;
         let mut parent = self.seed;
         let mut bytes = Vec::with_capacity(bs * 4);
         tokens
             .chunks_exact(bs)
-            .map(|block| {
+            .enumerate()
+            .map(|(i, block)| {
                 bytes.clear();
                 bytes.extend(block.iter().flat_map(|t| t.to_le_bytes()));
+                for k in keys.of_block(i) {
+                    bytes.push(0xff);
+                    bytes.extend_from_slice(k.as_bytes());
+                }
                 parent = xxhash_rust::xxh3::xxh3_64_with_seed(&bytes, parent);
                 parent
             })
             .collect()
+    }
+
+    /// The request's keys: the adapter its `model` names (a 404 for a
+    /// model this engine does not serve, as vLLM answers) and its salt.
+    fn keys(&self, body: &Value) -> Result<Keys, ApiError> {
+        let model = body.get("model").and_then(Value::as_str);
+        let adapter = match model {
+            Some(m) if m != self.cfg.model => match self.cfg.adapters.iter().position(|a| a == m) {
+                Some(i) => Some((i as u64 + 1, m.to_owned())),
+                None => return Err(ApiError::unknown_model(m)),
+            },
+            _ => {
+                openai::check_model(body, &self.cfg.model)?;
+                None
+            }
+        };
+        let salt = body
+            .get("cache_salt")
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        Ok(Keys { adapter, salt })
     }
 
     /// The full-attention cache's changes as events; stores of `blocks`
@@ -696,8 +785,9 @@ impl Engine {
     }
 
     /// Publishes the caches' changes: a hybrid model's other group first
-    /// (its group index is 0), then full attention.
-    fn announce(&self, blocks: &[u64], tokens: &[u32], from: usize) {
+    /// (its group index is 0), then full attention; stores with the
+    /// request's `keys`.
+    fn announce(&self, blocks: &[u64], tokens: &[u32], from: usize, keys: &Keys) {
         let main = self.cache.lock().drain_changes();
         let group = match self.cfg.hybrid {
             Some(_) => self.group.lock().drain_changes(),
@@ -706,8 +796,17 @@ impl Engine {
         if main.is_empty() && group.is_empty() {
             return;
         }
+        let keyed = |out: Vec<WireEvent>| {
+            if keys.adapter.is_none() && keys.salt.is_none() {
+                return out;
+            }
+            let at: HashMap<u64, usize> = blocks.iter().enumerate().map(|(i, b)| (*b, i)).collect();
+            out.into_iter().map(|e| keys.publish(e, &at)).collect()
+        };
         let Some(hybrid) = self.cfg.hybrid else {
-            let _ = self.events.send(self.full_events(main, blocks, tokens));
+            let _ = self
+                .events
+                .send(keyed(self.full_events(main, blocks, tokens)));
             return;
         };
         let mut out = self.group_events(hybrid, group, blocks, tokens, from);
@@ -739,7 +838,7 @@ impl Engine {
                     other => other,
                 }),
         );
-        let _ = self.events.send(out);
+        let _ = self.events.send(keyed(out));
     }
 
     /// The other group's changes as vLLM publishes a sparse group's: the
@@ -803,12 +902,12 @@ impl Engine {
         // Parsed and tokenized off the runtime's thread: a large prompt must
         // not stop this engine from answering `/health` meanwhile.
         let (raw, engine) = (raw.to_vec(), self.clone());
-        let (body, tokens) = tokio::task::spawn_blocking(move || {
+        let (body, tokens, keys) = tokio::task::spawn_blocking(move || {
             let body = openai::parse_body(&raw)?;
-            openai::check_model(&body, &engine.cfg.model)?;
+            let keys = engine.keys(&body)?;
             // vLLM renders chat templates to text: it never sanitizes.
             let tokens = openai::prompt_tokens(api, &body, &engine.cfg.tokenizer, false)?;
-            Ok::<_, ApiError>((body, tokens))
+            Ok::<_, ApiError>((body, tokens, keys))
         })
         .await
         .map_err(|e| ApiError::new(500, "server_error", "engine_task", e.to_string()))??;
@@ -831,7 +930,7 @@ impl Engine {
             .find_map(|k| body.get(*k).and_then(Value::as_u64))
             .unwrap_or(u64::from(self.cfg.default_max_tokens))
             .clamp(1, 4096) as u32;
-        let blocks = self.block_hashes(&tokens);
+        let blocks = self.block_hashes(&tokens, &keys);
         let waiting = Counted::new(&self.waiting);
         // Admission: wait while running requests pin the whole GPU.
         let give_up = Instant::now() + Duration::from_secs(30);
@@ -869,7 +968,7 @@ impl Engine {
                 group_computed = a.computed;
             }
         }
-        self.announce(&blocks, &tokens, hit); // evictions made room
+        self.announce(&blocks, &tokens, hit, &keys); // evictions made room
         let cached = (hit * bs).min(tokens.len());
         let new = (tokens.len() - cached) as f64;
         let c = &self.cfg.cost;
@@ -908,7 +1007,7 @@ impl Engine {
         if !group_computed.is_empty() {
             self.group.lock().computed(&group_computed);
         }
-        self.announce(&blocks, &tokens, hit);
+        self.announce(&blocks, &tokens, hit, &keys);
         let step = self.scaled(
             c.overhead_ms + c.per_token_us / 1e3 + c.kv_read_ns * tokens.len() as f64 / 1e6,
         );
@@ -925,7 +1024,10 @@ impl Engine {
                 Api::Completions => format!("cmpl-{id}"),
                 Api::Chat => format!("chatcmpl-{id}"),
             },
-            model: self.cfg.model.clone(),
+            model: keys
+                .adapter
+                .as_ref()
+                .map_or_else(|| self.cfg.model.clone(), |a| a.1.clone()),
             created: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),

@@ -49,7 +49,8 @@ pub fn start_engines(config: &mut Config) -> Result<Vec<SimEngine>, Error> {
             .time_scale(sim.time_scale)
             .encoding(sim.encoding)
             .default_max_tokens(sim.default_max_tokens)
-            .hybrid(hybrid);
+            .hybrid(hybrid)
+            .adapters(sim.adapters.clone());
         ec.topic = "kv-events".into();
         let e = SimEngine::start(ec)?;
         let mut pod = PodConfig::new(format!("sim-{i}"), e.url());
@@ -57,6 +58,7 @@ pub fn start_engines(config: &mut Config) -> Result<Vec<SimEngine>, Error> {
             pod = pod.with_events(e.events_endpoint(), Some(e.replay_endpoint().to_owned()));
         }
         pod.topic = "kv-events".into();
+        pod.adapters = sim.adapters.clone();
         if sim.prefill_engines > 0 {
             pod.role = if i < sim.prefill_engines {
                 Role::Prefill

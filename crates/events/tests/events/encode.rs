@@ -44,6 +44,22 @@ fn sample() -> Vec<WireEvent> {
             medium: "GPU",
             group: 1,
         },
+        // Under a LoRA adapter, the first block salted.
+        WireEvent::Keyed {
+            event: Box::new(WireEvent::Stored {
+                hashes: vec![9, 10],
+                parent: None,
+                tokens: (0..32).collect(),
+                block_size: 16,
+                medium: "GPU",
+            }),
+            lora_id: Some(3),
+            lora_name: Some("sql-lora".into()),
+            extra_keys: vec![
+                vec!["sql-lora".into(), "tenant".into()],
+                vec!["sql-lora".into()],
+            ],
+        },
     ]
 }
 
@@ -74,6 +90,9 @@ events = [
            lora_id=None, medium="GPU", group_idx=1, kv_cache_spec_kind="sliding_window",
            kv_cache_spec_sliding_window=128),
     Removed(block_hashes=[7], medium="GPU", group_idx=1),
+    Stored(block_hashes=[9, 10], parent_block_hash=None, token_ids=list(range(32)), block_size=16,
+           lora_id=3, medium="GPU", lora_name="sql-lora",
+           extra_keys=[("sql-lora", "tenant"), ("sql-lora",)]),
 ]
 print(msgspec.msgpack.encode(Batch(ts=1.5, events=events, data_parallel_rank=0)).hex())
 "#,
@@ -109,7 +128,7 @@ fn batches_decode_back_to_the_same_events() {
         let batch = decode_batch(&encode_batch(2.25, &sample(), None, enc)).unwrap();
         assert_eq!(batch.ts, 2.25);
         assert_eq!(batch.dp_rank, None);
-        assert_eq!(batch.events.len(), 6);
+        assert_eq!(batch.events.len(), 7);
         match &batch.events[0] {
             EngineEvent::BlockStored(s) => {
                 assert_eq!(s.block_hashes, [7, 1 << 40, u64::MAX]);
@@ -141,6 +160,17 @@ fn batches_decode_back_to_the_same_events() {
                 );
                 assert_eq!((s.block_hashes.len(), s.token_ids.len()), (2, 48));
                 assert_eq!((r.group_idx, &r.block_hashes[..]), (Some(1), &[7][..]));
+            }
+            other => panic!("{other:?}"),
+        }
+        match &batch.events[6] {
+            EngineEvent::BlockStored(s) => {
+                assert_eq!(s.lora_name.as_deref(), Some("sql-lora"));
+                assert_eq!(
+                    s.extra_key_strings,
+                    [vec!["sql-lora", "tenant"], vec!["sql-lora"]]
+                );
+                assert_eq!(s.extra_keys, [None, None]);
             }
             other => panic!("{other:?}"),
         }

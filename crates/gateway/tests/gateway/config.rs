@@ -81,3 +81,48 @@ async fn only_the_simulation_starts_simulated_engines() {
     assert_eq!(gw.engine_pods().len(), 4);
     assert_eq!(gw.engines().len(), 4);
 }
+
+#[test]
+fn bad_models_are_refused() {
+    let head = "[gateway]\nmodel = \"m\"\ntokenizer = \"t\"\n";
+    let model = |name: &str| format!("[[models]]\nname = \"{name}\"\ntokenizer = \"t\"\n");
+    let cases = [
+        (format!("{head}{}", model("m")), "named twice"),
+        (format!("{head}{}{}", model("b"), model("b")), "named twice"),
+        (
+            format!("{head}{}block_size = 0\n", model("b")),
+            "block_size",
+        ),
+        (
+            format!(
+                "{head}{}[nats]\nurl = \"nats://127.0.0.1:4222\"\n",
+                model("b")
+            ),
+            "[nats]",
+        ),
+    ];
+    for (text, what) in cases {
+        match parse(&text) {
+            Err(Error::Config { message, .. }) => {
+                assert!(message.contains(what), "{text}: {message}")
+            }
+            other => panic!("{text}: {other:?}"),
+        }
+    }
+    let pods = [
+        "[[pods]]\nname = \"a\"\nurl = \"http://x:1\"\nmodel = \"nope\"\n",
+        "[[pods]]\nname = \"a\"\nurl = \"http://x:1\"\nadapters = [\"m\"]\n",
+        "[[pods]]\nname = \"a\"\nurl = \"http://x:1\"\nadapters = [\"\"]\n",
+    ];
+    for p in pods {
+        let text = format!("{head}{}{p}", model("b"));
+        assert!(matches!(parse(&text), Err(Error::Pods(_))), "{text}");
+    }
+    let ok = format!(
+        "{head}{}[[pods]]\nname = \"a\"\nurl = \"http://x:1\"\nmodel = \"b\"\nadapters = [\"sql\"]\n",
+        model("b")
+    );
+    let c = parse(&ok).unwrap();
+    assert_eq!(c.model_names(), ["m", "b"]);
+    assert_eq!(c.pods[0].adapters, ["sql"]);
+}

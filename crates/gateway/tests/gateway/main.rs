@@ -6,6 +6,7 @@ mod config;
 mod engine_metrics;
 mod hybrid;
 mod lifecycle;
+mod models;
 mod replicas;
 mod routing;
 #[cfg(feature = "rustls")]
