@@ -65,10 +65,11 @@ mod chain;
 mod control;
 mod error;
 mod pyjson;
+mod segments;
 mod template;
 mod tokenizer;
 
 pub use chain::{Chain, ChainHasher, ExtraKey, HASH_SEED};
 pub use error::Error;
 pub use template::{ChatInput, ChatTemplate};
-pub use tokenizer::ModelTokenizer;
+pub use tokenizer::{ModelTokenizer, SEGMENT_CACHE_BYTES};

@@ -10,6 +10,7 @@ use tokenizers::{Model, Normalizer, OffsetReferential, OffsetType, PreTokenizer}
 
 use crate::Error;
 use crate::control::{ControlTokens, Piece};
+use crate::segments::{Part, Segments};
 use crate::template::{ChatInput, ChatTemplate};
 
 /// The special-token variables transformers hands to chat templates.
@@ -39,7 +40,14 @@ pub struct ModelTokenizer {
     vocab_size: u32,
     model_max_length: Option<u64>,
     max_token_bytes: usize,
+    /// The ids of text between added tokens, kept across calls (none: off,
+    /// or the tokenizer's added tokens reach into their neighbours).
+    segments: Option<Segments>,
 }
+
+/// The default bound of the kept pieces' ids, in bytes
+/// ([`ModelTokenizer::set_segment_cache`]).
+pub const SEGMENT_CACHE_BYTES: usize = 64 << 20;
 
 impl fmt::Debug for ModelTokenizer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -131,6 +139,7 @@ impl ModelTokenizer {
             .max()
             .unwrap_or(1)
             .max(1);
+        let segments = Segments::new(&tokenizer, SEGMENT_CACHE_BYTES);
         Ok(ModelTokenizer {
             tokenizer,
             template,
@@ -138,12 +147,49 @@ impl ModelTokenizer {
             vocab_size,
             model_max_length,
             max_token_bytes,
+            segments,
         })
+    }
+
+    /// Keeps the ids of the text between added tokens (a chat's messages)
+    /// across calls, up to about `bytes` bytes of ids (0: off; default
+    /// [`SEGMENT_CACHE_BYTES`]), so the history a conversation repeats is
+    /// tokenized once. The ids are those of encoding the whole text: the
+    /// tokenizer encodes the text between its added tokens piece by
+    /// piece. A tokenizer whose added tokens strip whitespace, must be
+    /// single words or are normalized encodes without it.
+    pub fn set_segment_cache(&mut self, bytes: usize) {
+        self.segments = Segments::new(&self.tokenizer, bytes);
+    }
+
+    /// Whether pieces are kept ([`ModelTokenizer::set_segment_cache`]).
+    pub fn segment_cache(&self) -> bool {
+        self.segments.is_some()
     }
 
     /// Encodes plain text. `add_special_tokens` applies the tokenizer's
     /// post-processor (BOS and the like), as a completions request does.
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, Error> {
+        if let Some(seg) = &self.segments
+            && !add_special_tokens
+            && text.len() >= 1024
+        {
+            let mut ids = Vec::with_capacity(text.len() / 3);
+            for part in seg.parts(text) {
+                match part {
+                    Part::Added(id) => ids.push(id),
+                    Part::Text(piece) => {
+                        ids.extend_from_slice(&seg.ids_of(piece, |p| self.encode_whole(p, false))?);
+                    }
+                }
+            }
+            return Ok(ids);
+        }
+        self.encode_whole(text, add_special_tokens)
+    }
+
+    /// [`ModelTokenizer::encode`] of the whole text at once.
+    fn encode_whole(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, Error> {
         let enc = self
             .tokenizer
             .encode_fast(text, add_special_tokens)

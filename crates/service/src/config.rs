@@ -143,6 +143,12 @@ pub struct GatewayConfig {
     /// Prompts tokenized at once (off the async threads).
     #[serde(default = "default_tokenize")]
     pub tokenize_concurrency: usize,
+    /// Keep the token ids of the text between a chat's control tokens (its
+    /// messages) up to this many MiB, so the history a conversation sends
+    /// again at every turn is tokenized once; 0: tokenize every prompt
+    /// whole. The ids are exactly those of tokenizing the whole prompt.
+    #[serde(default = "default_tokenize_cache")]
+    pub tokenize_cache_mb: usize,
     /// Interval of the engines' health probes, in ms.
     #[serde(default = "default_health_interval")]
     pub health_interval_ms: u64,
@@ -424,6 +430,9 @@ fn default_attempts() -> usize {
 }
 fn default_tokenize() -> usize {
     2
+}
+fn default_tokenize_cache() -> usize {
+    router_hash::SEGMENT_CACHE_BYTES >> 20
 }
 fn default_health_interval() -> u64 {
     1_000

@@ -708,7 +708,11 @@ impl Router {
     /// router share (none: a router of one model).
     async fn start_one(mut config: Config, shared: Option<Shared>) -> Result<Router, Error> {
         let g = config.gateway.clone();
-        let tokenizer = Arc::new(ModelTokenizer::from_dir(&g.tokenizer)?);
+        let mut tokenizer = ModelTokenizer::from_dir(&g.tokenizer)?;
+        if g.tokenize_cache_mb << 20 != router_hash::SEGMENT_CACHE_BYTES {
+            tokenizer.set_segment_cache(g.tokenize_cache_mb.saturating_mul(1 << 20));
+        }
+        let tokenizer = Arc::new(tokenizer);
         if config.simulated.is_some() {
             return Err(Error::Config {
                 line: 0,

@@ -5,6 +5,7 @@ mod errors;
 mod golden;
 mod parity;
 mod props;
+mod segments;
 
 use std::path::PathBuf;
 
