@@ -157,14 +157,20 @@ fn stages(c: &mut Criterion) {
             b.iter(|| hasher.chain(&namespace, t).len())
         });
         // Each call a conversation's next turn: one of 64 conversations,
-        // its history as before, its last message new.
-        let turns: Vec<Request> = (0..16_384)
-            .map(|i| Request::from_json(Api::Chat, chat(long, i % 64, i)).unwrap())
-            .collect();
-        let mut next = 0usize;
+        // its history as before, its last message never seen (built in
+        // the call, whose time includes it).
+        let bases: Vec<Value> = (0..64).map(|i| chat(long, i, 0)).collect();
+        let mut next = 0u64;
         let mut turn = || {
-            next = (next + 1) % turns.len();
-            turns[next].clone()
+            next += 1;
+            let mut body = bases[(next % 64) as usize].clone();
+            if long {
+                let messages = body["messages"].as_array_mut().unwrap();
+                if let Some(last) = messages.last_mut() {
+                    last["content"] = json!(text(2_000_000 + next, 150));
+                }
+            }
+            Request::from_json(Api::Chat, body).unwrap()
         };
         if long {
             g.bench_function(BenchmarkId::new("template_tokenize_next_turn", name), |b| {
