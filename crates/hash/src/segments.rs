@@ -142,3 +142,32 @@ impl Segments {
         (g.current.len() + g.previous.len(), g.bytes)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_kept_ids_stay_within_the_budget() {
+        let dir = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../assets/tokenizers/gpt2/tokenizer.json"
+        );
+        let tok = tokenizers::Tokenizer::from_file(dir).unwrap();
+        let budget = 8 << 10;
+        let seg = Segments::new(&tok, budget).unwrap();
+        let encode = |p: &str| -> Result<Vec<u32>, ()> {
+            Ok(tok.encode_fast(p, false).unwrap().get_ids().to_vec())
+        };
+        for i in 0..500 {
+            let piece = format!("piece {i} of many, long enough to be kept. ").repeat(8);
+            let ids = seg.ids_of(&piece, encode).unwrap();
+            assert_eq!(&ids[..], &encode(&piece).unwrap()[..]);
+            let (_, bytes) = seg.held();
+            assert!(bytes <= budget / 2, "{bytes}");
+        }
+        let (pieces, _) = seg.held();
+        assert!(pieces > 0 && pieces < 500, "{pieces} kept of 500");
+        assert!(Segments::new(&tok, 0).is_none());
+    }
+}
