@@ -60,6 +60,10 @@ pub struct Config {
     /// The file it came from, for `POST /admin/reload`.
     #[serde(skip)]
     pub(crate) path: Option<PathBuf>,
+    /// The file's modification time and length before it was read (what
+    /// `watch_pods_ms` compares with).
+    #[serde(skip)]
+    pub(crate) loaded_stamp: Option<(Option<std::time::SystemTime>, u64)>,
     /// Pods added by code that a reloaded file keeps ([`Config::add_fixed_pod`]).
     #[serde(skip)]
     pub(crate) fixed: Vec<PodConfig>,
@@ -500,12 +504,16 @@ impl Config {
 
     /// Reads and parses the file at `path`.
     pub fn load(path: &Path) -> Result<Config, Error> {
+        let stamp = std::fs::metadata(path)
+            .ok()
+            .map(|m| (m.modified().ok(), m.len()));
         let text = std::fs::read_to_string(path).map_err(|e| Error::Io {
             path: path.to_owned(),
             source: e,
         })?;
         let mut c = Config::parse(&text, path.parent().unwrap_or(Path::new(".")))?;
         c.path = Some(path.to_owned());
+        c.loaded_stamp = stamp;
         Ok(c)
     }
 

@@ -814,6 +814,7 @@ impl Router {
                 g.model.clone(),
                 config.fixed.clone(),
                 Duration::from_millis(g.watch_pods_ms),
+                config.loaded_stamp.or_else(|| stamp(path)),
             )));
         }
         let inner = Inner {
@@ -1443,19 +1444,25 @@ impl Router {
 /// Applies the file's `[[pods]]` whenever its modification time or length
 /// changes. A file that does not parse is logged and skipped: the pods
 /// stay as they were until a good version arrives.
+/// A file's modification time and length (what a change of it changes).
+type Stamp = Option<(Option<std::time::SystemTime>, u64)>;
+
+fn stamp(p: &Path) -> Stamp {
+    std::fs::metadata(p)
+        .ok()
+        .map(|m| (m.modified().ok(), m.len()))
+}
+
+/// `seen`: the file's stamp when the router read it (taken before the
+/// task starts, so a change made meanwhile is not missed).
 async fn watch_pods(
     pods: std::sync::Weak<Pods>,
     path: PathBuf,
     model: String,
     fixed: Vec<PodConfig>,
     every: Duration,
+    mut seen: Stamp,
 ) {
-    let stamp = |p: &Path| {
-        std::fs::metadata(p)
-            .ok()
-            .map(|m| (m.modified().ok(), m.len()))
-    };
-    let mut seen = stamp(&path);
     loop {
         tokio::time::sleep(every).await;
         let Some(pods) = pods.upgrade() else { return };
