@@ -9,7 +9,8 @@
 #
 #   scripts/overhead.sh                          # the current gateway
 #   scripts/overhead.sh OLD_BIN NEW_BIN          # two builds side by side
-#   PEERS=1 scripts/overhead.sh                  # smg in front as well
+#   PEERS=1 scripts/overhead.sh                  # smg and sglang-router in front as well
+#   PROMPT=word CONNS=32 scripts/overhead.sh     # a one-word chat prompt (issue 30's target)
 #   MODES=plain DURATION=20s scripts/overhead.sh # non-streamed only, longer
 #
 # Needs wrk (apt-get install wrk). Loopback only; every wrk run is bounded
@@ -42,15 +43,18 @@ line=$(grep -m1 ' pod ' "$out/engine-host.log")
 engine_url=$(echo "$line" | grep -o 'http://[0-9.:]*')
 events=$(echo "$line" | grep -o 'events tcp://[0-9.:]*' | cut -d' ' -f2)
 
-# The request: a 250-word system prompt and a question, 16 tokens back.
+# The request: a 250-word system prompt and a question, 16 tokens back;
+# with PROMPT=word, a one-word user message alone.
 prompt=$(python3 -c 'print(" ".join(f"rule{i % 50} says cache prefixes" for i in range(60)))')
+messages='[{"role": "system", "content": "'"$prompt"'"}, {"role": "user", "content": "Which pod holds my prefix?"}]'
+[ "${PROMPT:-system}" = word ] && messages='[{"role": "user", "content": "Hello"}]'
 for mode in plain stream; do
     stream=false
     [ "$mode" = stream ] && stream=true
     cat > "$out/$mode.lua" <<LUA
 wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
-wrk.body = '{"model": "Qwen/Qwen3-0.6B", "max_tokens": 16, "stream": $stream, "messages": [{"role": "system", "content": "$prompt"}, {"role": "user", "content": "Which pod holds my prefix?"}]}'
+wrk.body = '{"model": "Qwen/Qwen3-0.6B", "max_tokens": 16, "stream": $stream, "messages": $messages}'
 LUA
 done
 
@@ -68,12 +72,14 @@ measure() {
 start_front() {
     local p
     p=$(free_port)
-    if [ "$1" = smg ]; then
+    if [ "$1" = smg ] || [ "$1" = sglang-router ]; then
         venv=${PEERS_VENV:-target/compare/peers-venv}
-        [ -x "$venv/bin/python" ] || { python3 -m venv "$venv"; "$venv/bin/pip" install --quiet smg; }
-        setsid "$venv/bin/python" -m smg launch --worker-urls "$engine_url" --policy cache_aware \
+        [ -x "$venv/bin/python" ] || { python3 -m venv "$venv"; "$venv/bin/pip" install --quiet smg sglang-router; }
+        local mod=(-m smg launch)
+        [ "$1" = sglang-router ] && mod=(-m sglang_router.launch_router)
+        setsid "$venv/bin/python" "${mod[@]}" --worker-urls "$engine_url" --policy cache_aware \
             --host 127.0.0.1 --port "$p" --prometheus-host 127.0.0.1 --prometheus-port "$(free_port)" \
-            > "$out/smg.log" 2>&1 &
+            > "$out/$1.log" 2>&1 &
         pids+=($!)
         wait_http "http://127.0.0.1:$p"
     else
@@ -98,7 +104,7 @@ TOML
 }
 
 fronts=("$@")
-[ "${PEERS:-0}" = 1 ] && fronts+=(smg)
+[ "${PEERS:-0}" = 1 ] && fronts+=(smg sglang-router)
 echo "| request | front | req/s | p50 | p99 | direct engine req/s (just before) | req/s against direct |"
 echo "|---|---|---|---|---|---|---|"
 for mode in ${MODES:-plain stream}; do

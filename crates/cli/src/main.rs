@@ -19,6 +19,12 @@ use clap::Parser;
 use router_gateway::{Config, DEFAULT_CONFIG};
 use router_sim_engine::SimGateway;
 
+/// mimalloc rather than glibc's malloc: a request is a few hundred small
+/// allocations (JSON, headers, the chain), and glibc's arenas per thread
+/// keep the peak of what each once held (see `pool.rs` in router-service).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser, Debug)]
 #[command(about = "Cache-aware OpenAI-compatible gateway (reference integration of cache-router)")]
 struct Args {

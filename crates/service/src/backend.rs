@@ -27,7 +27,39 @@ use crate::sse::SseDecoder;
 #[derive(Debug)]
 pub struct HttpBackend {
     client: reqwest::Client,
-    urls: RwLock<HashMap<PodId, Arc<str>>>,
+    urls: RwLock<HashMap<PodId, Arc<PodUrls>>>,
+}
+
+/// A pod's engine URLs, parsed once when it is set rather than per request.
+#[derive(Debug)]
+struct PodUrls {
+    base: String,
+    /// `/v1/completions` and `/v1/chat/completions` under `base`; `None`
+    /// if `base` does not parse (the request then fails as reqwest says).
+    completions: Option<reqwest::Url>,
+    chat: Option<reqwest::Url>,
+}
+
+impl PodUrls {
+    fn new(url: &str) -> PodUrls {
+        let base = url.trim_end_matches('/').to_owned();
+        let parse = |api: Api| reqwest::Url::parse(&format!("{base}{}", api.path())).ok();
+        PodUrls {
+            completions: parse(Api::Completions),
+            chat: parse(Api::Chat),
+            base,
+        }
+    }
+
+    fn of(&self, api: Api) -> Result<reqwest::Url, String> {
+        let parsed = match api {
+            Api::Completions => &self.completions,
+            Api::Chat => &self.chat,
+        };
+        parsed
+            .clone()
+            .ok_or_else(|| format!("the engine URL {:?} does not parse", self.base))
+    }
 }
 
 /// A client for engines: no proxy, `TCP_NODELAY`, and in a build with the
@@ -84,9 +116,7 @@ impl HttpBackend {
 
     /// Routes `pod` to the engine at `url` (its base, without `/v1`).
     pub fn set(&self, pod: PodId, url: &str) {
-        self.urls
-            .write()
-            .insert(pod, Arc::from(url.trim_end_matches('/')));
+        self.urls.write().insert(pod, Arc::new(PodUrls::new(url)));
     }
 
     /// Forgets `pod`.
@@ -266,9 +296,10 @@ impl Backend for HttpBackend {
             let base =
                 base.ok_or_else(|| BackendError::Unavailable(format!("{pod} has no URL")))?;
             let api = Api::of_body(&req.body);
+            let url = base.of(api).map_err(BackendError::Unavailable)?;
             let body = step_body(req);
             let resp = client
-                .post(format!("{base}{}", api.path()))
+                .post(url)
                 .json(&body)
                 .send()
                 .await

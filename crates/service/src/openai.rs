@@ -432,6 +432,13 @@ fn chat_tokens(body: &Value, tok: &ModelTokenizer, sanitize: bool) -> Result<Vec
 /// ids count one each, text counts `min_tokens(bytes)` (its bytes over the
 /// longest token's), message contents and prompt strings summed.
 pub(crate) fn prompt_tokens_at_least(body: &Value, min_tokens: impl Fn(usize) -> usize) -> usize {
+    let (ids, bytes) = prompt_size(body);
+    ids + min_tokens(bytes)
+}
+
+/// The prompt's token ids and text bytes: prompt strings and message
+/// contents (their `text` parts) summed.
+fn prompt_size(body: &Value) -> (usize, usize) {
     fn text_bytes(v: &Value) -> usize {
         match v {
             Value::String(s) => s.len(),
@@ -462,7 +469,32 @@ pub(crate) fn prompt_tokens_at_least(body: &Value, min_tokens: impl Fn(usize) ->
             .map(text_bytes)
             .sum::<usize>();
     }
-    ids + min_tokens(bytes)
+    (ids, bytes)
+}
+
+/// Text up to this many bytes is tokenized where the request is (a few
+/// tens of microseconds): the hop to a tokenizer thread and back costs
+/// more than the work.
+pub(crate) const INLINE_TOKENIZE_BYTES: usize = 2048;
+
+/// Messages up to this many are templated where the request is.
+const INLINE_MESSAGES: usize = 8;
+
+/// Whether tokenizing `body` is light enough to do on the async thread
+/// that holds the request: text of at most [`INLINE_TOKENIZE_BYTES`], at
+/// most a few messages, no tools (their schemas are templated too) and
+/// at most a few thousand token ids. Anything heavier goes to the
+/// tokenizer threads.
+pub(crate) fn is_light(body: &Value) -> bool {
+    let messages = match body.get("messages") {
+        Some(Value::Array(m)) => m.len(),
+        _ => 0,
+    };
+    if messages > INLINE_MESSAGES || body.get("tools").is_some_and(|t| !t.is_null()) {
+        return false;
+    }
+    let (ids, bytes) = prompt_size(body);
+    bytes <= INLINE_TOKENIZE_BYTES && ids <= 4 * INLINE_TOKENIZE_BYTES
 }
 
 /// Whether the request asks for a streamed response.
@@ -501,6 +533,43 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn only_short_tool_free_prompts_are_tokenized_in_place() {
+        let chat = |content: &str, n: usize| {
+            let m: Vec<Value> = (0..n)
+                .map(|_| json!({"role": "user", "content": content}))
+                .collect();
+            json!({"model": "m", "messages": m})
+        };
+        assert!(is_light(&chat("Hello", 1)));
+        assert!(is_light(&chat(&"x".repeat(INLINE_TOKENIZE_BYTES), 1)));
+        assert!(!is_light(&chat(&"x".repeat(INLINE_TOKENIZE_BYTES + 1), 1)));
+        // The text is summed over messages and parts.
+        assert!(!is_light(&chat(
+            &"x".repeat(INLINE_TOKENIZE_BYTES / 2 + 1),
+            2
+        )));
+        let parts = json!({"model": "m", "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "x".repeat(INLINE_TOKENIZE_BYTES)},
+            {"type": "text", "text": "y"}]}]});
+        assert!(!is_light(&parts));
+        assert!(is_light(&chat("a", INLINE_MESSAGES)));
+        assert!(!is_light(&chat("a", INLINE_MESSAGES + 1)));
+        let mut tools = chat("Hello", 1);
+        tools["tools"] = json!([{"type": "function", "function": {"name": "f"}}]);
+        assert!(!is_light(&tools));
+        tools["tools"] = Value::Null;
+        assert!(is_light(&tools));
+        assert!(is_light(&json!({"model": "m", "prompt": "Hello"})));
+        assert!(!is_light(
+            &json!({"model": "m", "prompt": ["x".repeat(1500), "y".repeat(1500)]})
+        ));
+        assert!(is_light(&json!({"model": "m", "prompt": vec![7; 100]})));
+        assert!(!is_light(
+            &json!({"model": "m", "prompt": vec![7; 4 * INLINE_TOKENIZE_BYTES + 1]})
+        ));
+    }
 
     #[test]
     fn stream_and_n_are_read_as_vllm_reads_them() {

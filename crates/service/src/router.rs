@@ -1119,11 +1119,29 @@ impl Router {
         })
     }
 
-    /// The prompt's tokens, computed on the router's tokenizer threads (off
-    /// the async threads, a bounded number at once; see `pool.rs` for why
-    /// not `spawn_blocking`); the body comes back with them.
+    /// The prompt's tokens: a light prompt's here ([`openai::is_light`]: a
+    /// short chat costs tens of microseconds, less than the hop), any other
+    /// on the router's tokenizer threads (off the async threads, a bounded
+    /// number at once; see `pool.rs` for why not `spawn_blocking`); the
+    /// body comes back with them.
     async fn tokenize(&self, request: Request) -> Result<(Value, Vec<u32>), Refusal> {
         let s = &self.inner;
+        let failed = || {
+            Refusal::new(
+                "internal",
+                ApiError::new(500, "server_error", "internal", "tokenizing failed".into()),
+            )
+        };
+        if openai::is_light(request.body()) {
+            let (api, body) = request.into_parts();
+            // Contained as on the tokenizer threads: a tokenizer that panics
+            // fails this request, not the connection's task.
+            let tokens = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                openai::prompt_tokens(api, &body, &s.tokenizer, s.sanitize_control_tokens)
+            }))
+            .map_err(|_| failed())?;
+            return Ok((body, tokens.map_err(|e| Refusal::new("bad_request", e))?));
+        }
         let _permit = s.tokenize.acquire().await.map_err(|_| {
             Refusal::new(
                 "shutdown",
@@ -1144,12 +1162,7 @@ impl Router {
                 (body, t)
             })
             .await
-            .ok_or_else(|| {
-                Refusal::new(
-                    "internal",
-                    ApiError::new(500, "server_error", "internal", "tokenizing failed".into()),
-                )
-            })?;
+            .ok_or_else(failed)?;
         Ok((body, tokens.map_err(|e| Refusal::new("bad_request", e))?))
     }
 
