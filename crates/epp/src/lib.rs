@@ -282,6 +282,14 @@ impl ExternalProcessor for Epp {
                         let mut msg = msg;
                         while msg.observability_mode {
                             exchange.handle(msg).await;
+                            if exchange.answered {
+                                // The response is over: close the stream
+                                // rather than leave it to Envoy's deferred
+                                // close (5 s by default), which kept
+                                // thousands of finished exchanges open at
+                                // full load.
+                                return None;
+                            }
                             match inbound.message().await {
                                 Ok(Some(m)) => msg = m,
                                 Ok(None) | Err(_) => return None,
@@ -321,6 +329,8 @@ struct Exchange {
     handoff: Option<Arc<Handoff>>,
     /// A decision filter whose response side another filter observes.
     split: bool,
+    /// The response ended (its headers or body with end of stream).
+    answered: bool,
 }
 
 impl Exchange {
@@ -340,6 +350,7 @@ impl Exchange {
             whole: Some(Vec::new()),
             handoff: None,
             split: false,
+            answered: false,
             config,
         }
     }
@@ -557,6 +568,7 @@ impl Exchange {
 
     /// The response ended: the pick's load ends, the answer is counted.
     fn finish(&mut self) {
+        self.answered = true;
         if let Some(p) = self.pick.take() {
             let m = self.router.metrics();
             m.request(self.label, self.status);
