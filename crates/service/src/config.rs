@@ -144,7 +144,9 @@ pub struct GatewayConfig {
     /// Attempts per request, on different pods.
     #[serde(default = "default_attempts")]
     pub max_attempts: usize,
-    /// Prompts tokenized at once (off the async threads).
+    /// Prompts tokenized at once off the async threads (the tokenizer
+    /// threads; a short chat is tokenized in place, see
+    /// `openai::is_light`).
     #[serde(default = "default_tokenize")]
     pub tokenize_concurrency: usize,
     /// Keep the token ids of the text between a chat's control tokens (its
