@@ -377,16 +377,7 @@ impl Exchange {
     fn request_headers(&mut self, h: &HttpHeaders) -> ProcessingResponse {
         self.path = header(h, ":path").unwrap_or_default();
         self.session = header(h, &self.config.session_header);
-        if let (Some(id), Some(handoff)) = (
-            header(h, EXCHANGE_HEADER).and_then(|v| v.parse::<u64>().ok()),
-            &self.handoff,
-        ) && let Some(handed) = handoff.take(id)
-        {
-            // The observing stream of a request decided on another.
-            self.pick = Some(handed.pick);
-            self.streamed = handed.streamed;
-            self.label = handed.label;
-        }
+        self.take_handed(h);
         let mut common = CommonResponse {
             header_mutation: Some(HeaderMutation {
                 remove_headers: vec![DESTINATION_HEADER.into(), EXCHANGE_HEADER.into()],
@@ -506,7 +497,28 @@ impl Exchange {
         }
     }
 
+    /// On an observing stream, the decision handed over in
+    /// [`EXCHANGE_HEADER`]: in the request's headers, or in the response's
+    /// (an observer that skips the request copies it there with the route's
+    /// `response_headers_to_add`, one message less a request).
+    fn take_handed(&mut self, h: &HttpHeaders) {
+        if self.pick.is_some() {
+            return;
+        }
+        if let (Some(id), Some(handoff)) = (
+            header(h, EXCHANGE_HEADER).and_then(|v| v.parse::<u64>().ok()),
+            &self.handoff,
+        ) && let Some(handed) = handoff.take(id)
+        {
+            // The observing stream of a request decided on another.
+            self.pick = Some(handed.pick);
+            self.streamed = handed.streamed;
+            self.label = handed.label;
+        }
+    }
+
     fn response_headers(&mut self, h: &HttpHeaders) -> ProcessingResponse {
+        self.take_handed(h);
         self.status = header(h, ":status")
             .and_then(|s| s.parse().ok())
             .unwrap_or(0);

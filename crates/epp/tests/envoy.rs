@@ -184,6 +184,11 @@ async fn chat(envoy: &Envoy, messages: &[Value]) -> Answer {
             .map(str::to_owned)
     };
     let pod = header(POD_HEADER);
+    assert_eq!(
+        header(router_epp::EXCHANGE_HEADER),
+        None,
+        "the decision's id, copied to the response for the observer, is removed before the client"
+    );
     let predicted = header(PREDICTED_HEADER)
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
