@@ -493,8 +493,36 @@ pub(crate) fn is_light(body: &Value) -> bool {
     if messages > INLINE_MESSAGES || body.get("tools").is_some_and(|t| !t.is_null()) {
         return false;
     }
+    // Every string of the body counts, not only the contents: a template
+    // renders other fields too (an assistant's `tool_calls`, names), and a
+    // hostile client must not get a long render onto an async thread.
+    let mut budget = INLINE_TOKENIZE_BYTES + 256;
     let (ids, bytes) = prompt_size(body);
-    bytes <= INLINE_TOKENIZE_BYTES && ids <= 4 * INLINE_TOKENIZE_BYTES
+    bytes <= INLINE_TOKENIZE_BYTES
+        && ids <= 4 * INLINE_TOKENIZE_BYTES
+        && strings_within(body, &mut budget)
+}
+
+/// Whether the strings of `v` (keys included) total at most `budget`
+/// bytes, stopping as soon as they do not.
+fn strings_within(v: &Value, budget: &mut usize) -> bool {
+    fn take(budget: &mut usize, n: usize) -> bool {
+        match budget.checked_sub(n) {
+            Some(left) => {
+                *budget = left;
+                true
+            }
+            None => false,
+        }
+    }
+    match v {
+        Value::String(s) => take(budget, s.len()),
+        Value::Array(a) => a.iter().all(|x| strings_within(x, budget)),
+        Value::Object(o) => o
+            .iter()
+            .all(|(k, x)| take(budget, k.len()) && strings_within(x, budget)),
+        _ => true,
+    }
 }
 
 /// Whether the request asks for a streamed response.
@@ -566,6 +594,12 @@ mod tests {
             &json!({"model": "m", "prompt": ["x".repeat(1500), "y".repeat(1500)]})
         ));
         assert!(is_light(&json!({"model": "m", "prompt": vec![7; 100]})));
+        // Text outside the contents counts too.
+        let calls = json!({"model": "m", "messages": [
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "", "tool_calls": [{"type": "function",
+                "function": {"name": "f", "arguments": "x".repeat(100_000)}}]}]});
+        assert!(!is_light(&calls));
         assert!(!is_light(
             &json!({"model": "m", "prompt": vec![7; 4 * INLINE_TOKENIZE_BYTES + 1]})
         ));
