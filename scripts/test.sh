@@ -78,7 +78,7 @@ cargo build --locked -p cache-router-cli && cargo build --locked --example loadg
 port=$(.venv/bin/python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 ./target/debug/cache-router --listen "127.0.0.1:$port" > target/gateway-ci.log 2>&1 &
 gateway_pid=$!
-trap 'kill $gateway_pid 2>/dev/null || true' EXIT
+trap 'rc=$?; kill $gateway_pid 2>/dev/null; [ $rc -eq 0 ] || tail -n 40 target/gateway-ci.log' EXIT
 # No curl on a fresh machine: Python's urllib waits for the gateway and checks it.
 wait_ready "127.0.0.1:$port/health"
 .venv/bin/python - "$port" <<'PY'
@@ -104,13 +104,15 @@ embed_proxy() (
 set -e
 cargo build --locked -p cache-router-cli && cargo build --locked --example embed --example loadgen
 free() { .venv/bin/python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-gw_port=$(free); embed_port=$(free)
+gw_port=$(free)
 ./target/debug/cache-router --listen "127.0.0.1:$gw_port" > target/embed-engines.log 2>&1 &
 gateway_pid=$!
-trap 'kill $gateway_pid ${embed_pid:-} 2>/dev/null || true' EXIT
+trap 'rc=$?; kill $gateway_pid ${embed_pid:-} 2>/dev/null; [ $rc -eq 0 ] || tail -n 40 target/embed-engines.log target/embed-ci.log' EXIT
 # The bundled command's simulated engines, listed by its admin API, become
 # the [[pods]] of the proxy's own config: the proxy follows their events too.
 wait_ready "127.0.0.1:$gw_port/health"
+# Chosen once the engines hold their ports, so none of them can take it.
+embed_port=$(free)
 .venv/bin/python - "$gw_port" "$embed_port" "$PWD/assets/tokenizers/qwen3" > target/embed.toml <<'PY'
 import json, sys, urllib.request
 gw, port, tok = sys.argv[1:]
@@ -153,11 +155,13 @@ PATH="$PWD/.venv/bin:$PATH" .venv/bin/maturin build --locked --profile dev -m cr
 .venv/bin/pip install --quiet --force-reinstall --no-deps target/wheels/cache_router-*.whl
 (cd crates/python/tests && ../../../.venv/bin/python -m pytest -q -p no:cacheprovider)
 free() { .venv/bin/python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-gw_port=$(free); proxy_port=$(free)
+gw_port=$(free)
 ./target/debug/cache-router --listen "127.0.0.1:$gw_port" > target/pyproxy-engines.log 2>&1 &
 gateway_pid=$!
-trap 'kill $gateway_pid ${proxy_pid:-} 2>/dev/null || true' EXIT
+trap 'rc=$?; kill $gateway_pid ${proxy_pid:-} 2>/dev/null; [ $rc -eq 0 ] || tail -n 40 target/pyproxy-engines.log target/pyproxy.log' EXIT
 .venv/bin/python crates/python/tests/engines.py "$gw_port" > target/pyproxy.toml
+# Chosen once the engines hold their ports, so none of them can take it.
+proxy_port=$(free)
 .venv/bin/python examples/python/proxy.py target/pyproxy.toml --listen "127.0.0.1:$proxy_port" > target/pyproxy.log 2>&1 &
 proxy_pid=$!
 wait_ready "127.0.0.1:$proxy_port/health"

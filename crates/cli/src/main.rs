@@ -121,6 +121,18 @@ async fn main() {
         eprintln!("cache-router: --replicas needs --nats (or a [nats] table) to share state");
         std::process::exit(2);
     }
+    // Bound before the engines take ephemeral ports, as the gateway's own
+    // address is (`SimGateway::start`): none of them can take it.
+    let epp_listener = match args.epp {
+        Some(addr) => match tokio::net::TcpListener::bind(addr).await {
+            Ok(l) => Some((addr, l)),
+            Err(e) => {
+                eprintln!("cache-router: cannot listen on {addr} for the endpoint picker: {e}");
+                std::process::exit(1);
+            }
+        },
+        None => None,
+    };
     let mut gateways = Vec::new();
     for r in 0..args.replicas.max(1) {
         let mut c = config.clone();
@@ -165,14 +177,7 @@ async fn main() {
     println!(
         "POST /v1/chat/completions, /v1/completions; GET /v1/models, /health, /metrics, /admin/pods"
     );
-    if let Some(addr) = args.epp {
-        let listener = match tokio::net::TcpListener::bind(addr).await {
-            Ok(l) => l,
-            Err(e) => {
-                eprintln!("cache-router: cannot listen on {addr} for the endpoint picker: {e}");
-                std::process::exit(1);
-            }
-        };
+    if let Some((addr, listener)) = epp_listener {
         let epp = router_epp::Epp::new(
             gateways[0].router().clone(),
             router_epp::EppConfig::default(),

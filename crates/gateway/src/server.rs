@@ -46,19 +46,40 @@ pub struct Gateway {
 impl Gateway {
     /// Starts the router `config` describes and serves it on
     /// `gateway.listen`, on the current tokio runtime (multi-threaded).
+    ///
+    /// The address is bound first: a port in use is reported before the
+    /// tokenizer loads, and clients that connect while the router starts
+    /// wait in the listen backlog instead of being refused.
     pub async fn start(config: Config) -> Result<Gateway, Error> {
-        let g = config.gateway.clone();
-        let router = router_service::Router::start(config).await?;
-        let listener = tokio::net::TcpListener::bind(g.listen)
+        let listener = Gateway::bind(&config).await?;
+        Gateway::serve(listener, config).await
+    }
+
+    /// Binds `config`'s `gateway.listen`, for [`Gateway::serve`]. A caller
+    /// that starts other listeners of its own on ephemeral ports (simulated
+    /// engines) binds this first, so none of them can take its port.
+    pub async fn bind(config: &Config) -> Result<tokio::net::TcpListener, Error> {
+        let listen = config.gateway.listen;
+        tokio::net::TcpListener::bind(listen)
             .await
             .map_err(|e| Error::Bind {
-                what: g.listen.to_string(),
+                what: listen.to_string(),
                 message: e.to_string(),
-            })?;
+            })
+    }
+
+    /// Starts the router `config` describes and serves it on `listener`
+    /// (from [`Gateway::bind`]).
+    pub async fn serve(
+        listener: tokio::net::TcpListener,
+        config: Config,
+    ) -> Result<Gateway, Error> {
+        let g = config.gateway.clone();
         let addr = listener.local_addr().map_err(|e| Error::Bind {
             what: g.listen.to_string(),
             message: e.to_string(),
         })?;
+        let router = router_service::Router::start(config).await?;
         let state = Arc::new(AppState {
             router: router.clone(),
             max_body: g.max_body_bytes,

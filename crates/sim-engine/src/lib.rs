@@ -86,10 +86,15 @@ pub struct SimGateway {
 
 impl SimGateway {
     /// Starts `config`'s simulated engines ([`start_engines`]), then the
-    /// gateway, on the current tokio runtime (multi-threaded).
+    /// gateway, on the current tokio runtime (multi-threaded). The
+    /// gateway's address is bound before the engines take ephemeral ports
+    /// of their own: otherwise an engine could take a port chosen free for
+    /// the gateway, answer its `/health`, and die with the process when the
+    /// gateway's bind then fails.
     pub async fn start(mut config: Config) -> Result<SimGateway, Error> {
+        let listener = Gateway::bind(&config).await?;
         let engines = start_engines(&mut config)?;
-        let gateway = Gateway::start(config).await?;
+        let gateway = Gateway::serve(listener, config).await?;
         Ok(SimGateway { gateway, engines })
     }
 

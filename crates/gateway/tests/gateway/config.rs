@@ -126,3 +126,17 @@ fn bad_models_are_refused() {
     assert_eq!(c.model_names(), ["m", "b"]);
     assert_eq!(c.pods[0].adapters, ["sql"]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_port_in_use_is_reported_before_anything_starts() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut c = parse(DEFAULT_CONFIG).unwrap();
+    c.gateway.listen = taken.local_addr().unwrap();
+    // A tokenizer that cannot load: the router would fail on it, so a bind
+    // error shows the address was tried first.
+    c.gateway.tokenizer = "/nonexistent/tokenizer".into();
+    match SimGateway::start(c).await.unwrap_err() {
+        Error::Bind { what, .. } => assert_eq!(what, taken.local_addr().unwrap().to_string()),
+        other => panic!("{other:?}"),
+    }
+}
