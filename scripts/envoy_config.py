@@ -22,9 +22,11 @@ p.add_argument("--admin-port", type=int, default=9901)
 p.add_argument("--endpoints", required=True, help="the engines' host:port, comma-separated")
 p.add_argument("--fail-open", action="store_true")
 p.add_argument("--no-epp", action="store_true")
+p.add_argument("--template", default=str(root / "deploy/envoy/envoy.yaml"),
+               help="the configuration to fill in (default: deploy/envoy/envoy.yaml)")
 a = p.parse_args()
 
-text = (root / "deploy/envoy/envoy.yaml").read_text()
+text = pathlib.Path(a.template).read_text()
 listen_host, listen_port = a.listen.rsplit(":", 1)
 epp_host, epp_port = a.epp.rsplit(":", 1)
 fallback = "".join(

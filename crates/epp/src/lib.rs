@@ -6,11 +6,18 @@
 //!
 //! Envoy's `ext_proc` filter opens one `ExternalProcessor/Process` stream
 //! per HTTP request and sends its headers, its body (buffered: the filter's
-//! `request_body_mode: BUFFERED`) and the response's headers and body
-//! (`response_body_mode: STREAMED`). The picker answers:
+//! `request_body_mode: BUFFERED`, or streamed, below) and the response's
+//! headers and body (`response_body_mode: STREAMED`). The picker answers:
 //!
 //! - request headers: continue, with any client-sent
 //!   `x-gateway-destination-endpoint` removed (the client does not choose);
+//!   when Envoy sends the body without waiting for this answer
+//!   (`request_body_mode: STREAMED` with
+//!   `send_body_without_waiting_for_header_response: true`, which the
+//!   stream's first message reports in its `protocol_config`), the answer
+//!   is held until the body has come and carries the decision below, and
+//!   each body chunk is then passed on unchanged: one round trip a request
+//!   instead of two (`deploy/envoy/envoy.yaml` does this);
 //! - request body: the request is parsed as OpenAI's completions or chat,
 //!   tokenized and decided by the router ([`Router::pick_among`], among the
 //!   `ip:port`s of the `envoy.lb.subset_hint` metadata when Envoy sends
@@ -37,12 +44,13 @@
 //! answering) and `envoy.service.ext_proc.v3.ExternalProcessor`.
 #![forbid(unsafe_code)]
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::config::core::v3::{HeaderValue, HeaderValueOption, Metadata};
+use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::{
     ExternalProcessor, ExternalProcessorServer,
 };
@@ -272,15 +280,19 @@ impl ExternalProcessor for Epp {
         exchange.handoff = Some(self.handoff.clone());
         exchange.split = split;
         let out = futures::stream::unfold(
-            (inbound, exchange),
-            |(mut inbound, mut exchange)| async move {
-                match inbound.message().await {
-                    Ok(Some(msg)) => {
-                        // In observability mode Envoy waits on no answer,
-                        // and none is sent: read on to the next message that
-                        // wants one, or to the end.
-                        let mut msg = msg;
-                        while msg.observability_mode {
+            (inbound, exchange, VecDeque::new()),
+            |(mut inbound, mut exchange, mut queue)| async move {
+                loop {
+                    // A message may be answered later (a request's headers
+                    // held until its body has come) or with several
+                    // replies at once (the headers' and the body's).
+                    if let Some(reply) = queue.pop_front() {
+                        return Some((Ok(reply), (inbound, exchange, queue)));
+                    }
+                    match inbound.message().await {
+                        Ok(Some(msg)) if msg.observability_mode => {
+                            // In observability mode Envoy waits on no
+                            // answer, and none is sent.
                             exchange.handle(msg).await;
                             if exchange.answered {
                                 // The response is over: close the stream
@@ -290,17 +302,13 @@ impl ExternalProcessor for Epp {
                                 // full load.
                                 return None;
                             }
-                            match inbound.message().await {
-                                Ok(Some(m)) => msg = m,
-                                Ok(None) | Err(_) => return None,
-                            }
                         }
-                        let reply = exchange.handle(msg).await;
-                        Some((Ok(reply), (inbound, exchange)))
+                        Ok(Some(msg)) => queue.extend(exchange.handle(msg).await),
+                        // The stream ended (the request is over, or Envoy
+                        // gave up): the exchange drops, and so does its
+                        // pick's load.
+                        Ok(None) | Err(_) => return None,
                     }
-                    // The stream ended (the request is over, or Envoy gave
-                    // up): the exchange drops, and so does its pick's load.
-                    Ok(None) | Err(_) => None,
                 }
             },
         );
@@ -331,6 +339,16 @@ struct Exchange {
     split: bool,
     /// The response ended (its headers or body with end of stream).
     answered: bool,
+    /// Envoy sends the body without waiting for the answer to the headers
+    /// (`request_body_mode: STREAMED` with
+    /// `send_body_without_waiting_for_header_response`): the headers'
+    /// answer is held until the body has come and carries the decision, one
+    /// round trip a request instead of two.
+    early_body: bool,
+    /// The headers' answer, held (early body).
+    held: Option<CommonResponse>,
+    /// Body chunks not yet answered (early body).
+    owed_chunks: usize,
 }
 
 impl Exchange {
@@ -351,17 +369,27 @@ impl Exchange {
             handoff: None,
             split: false,
             answered: false,
+            early_body: false,
+            held: None,
+            owed_chunks: 0,
             config,
         }
     }
 
-    async fn handle(&mut self, msg: ProcessingRequest) -> ProcessingResponse {
+    /// Envoy's message answered: no reply yet (headers held), one, or
+    /// several (the held headers' and the body's).
+    async fn handle(&mut self, msg: ProcessingRequest) -> Vec<ProcessingResponse> {
         if let Some(hint) = subset_hint(msg.metadata_context.as_ref()) {
             self.subset = Some(hint);
         }
-        match msg.request {
-            Some(In::RequestHeaders(h)) => self.request_headers(&h),
-            Some(In::RequestBody(b)) => self.request_body(b).await,
+        // Sent on a stream's first message only.
+        if let Some(p) = msg.protocol_config {
+            self.early_body = p.send_body_without_waiting_for_header_response
+                && p.request_body_mode == BodySendMode::Streamed as i32;
+        }
+        let one = match msg.request {
+            Some(In::RequestHeaders(h)) => return self.request_headers(&h).into_iter().collect(),
+            Some(In::RequestBody(b)) => return self.request_body(b).await,
             Some(In::ResponseHeaders(h)) => self.response_headers(&h),
             Some(In::ResponseBody(b)) => self.response_body(&b),
             Some(In::RequestTrailers(_)) => {
@@ -371,10 +399,11 @@ impl Exchange {
                 reply(Out::ResponseTrailers(TrailersResponse::default()))
             }
             None => reply(Out::RequestHeaders(HeadersResponse::default())),
-        }
+        };
+        vec![one]
     }
 
-    fn request_headers(&mut self, h: &HttpHeaders) -> ProcessingResponse {
+    fn request_headers(&mut self, h: &HttpHeaders) -> Option<ProcessingResponse> {
         self.path = header(h, ":path").unwrap_or_default();
         self.session = header(h, &self.config.session_header);
         self.take_handed(h);
@@ -390,15 +419,23 @@ impl Exchange {
             match self.any_endpoint() {
                 Some(ep) => {
                     common = destination(&ep);
-                    return with_metadata(reply(Out::RequestHeaders(response(common))), &ep);
+                    return Some(with_metadata(
+                        reply(Out::RequestHeaders(response(common))),
+                        &ep,
+                    ));
                 }
-                None => return immediate(&no_pod()),
+                None => return Some(immediate(&no_pod())),
             }
         }
-        reply(Out::RequestHeaders(response(common)))
+        if self.early_body {
+            // Answered with the body's decision.
+            self.held = Some(common);
+            return None;
+        }
+        Some(reply(Out::RequestHeaders(response(common))))
     }
 
-    async fn request_body(&mut self, b: HttpBody) -> ProcessingResponse {
+    async fn request_body(&mut self, b: HttpBody) -> Vec<ProcessingResponse> {
         if self.body.len() + b.body.len() > self.config.max_body_bytes {
             let e = ApiError::new(
                 413,
@@ -410,11 +447,16 @@ impl Exchange {
                 ),
             );
             self.router.metrics().error("body_too_large");
-            return immediate(&e);
+            return vec![immediate(&e)];
         }
         self.body.extend_from_slice(&b.body);
         if !b.end_of_stream {
-            return reply(Out::RequestBody(BodyResponse::default()));
+            if self.early_body {
+                // Answered once the decision is made.
+                self.owed_chunks += 1;
+                return Vec::new();
+            }
+            return vec![reply(Out::RequestBody(BodyResponse::default()))];
         }
         let route = self.path.split('?').next().unwrap_or_default();
         let api = match route {
@@ -425,11 +467,8 @@ impl Exchange {
             "" => None,
             _ => {
                 return match self.any_endpoint() {
-                    Some(ep) => with_metadata(
-                        reply(Out::RequestBody(body_response(destination(&ep)))),
-                        &ep,
-                    ),
-                    None => immediate(&no_pod()),
+                    Some(ep) => self.decided(destination(&ep), &ep),
+                    None => vec![immediate(&no_pod())],
                 };
             }
         };
@@ -459,15 +498,44 @@ impl Exchange {
                     }
                     _ => self.pick = Some(pick),
                 }
-                with_metadata(reply(Out::RequestBody(body_response(common))), &ep)
+                self.decided(common, &ep)
             }
             Err(r) => {
                 let m = self.router.metrics();
                 m.error(r.kind);
                 m.request(self.label, r.error.status);
-                immediate(&r.error)
+                vec![immediate(&r.error)]
             }
         }
+    }
+
+    /// The decision `common` (for `endpoint`) as the body's answer; with an
+    /// early body, as the held headers' answer (their removals kept) and
+    /// then every body chunk's.
+    fn decided(&mut self, mut common: CommonResponse, endpoint: &str) -> Vec<ProcessingResponse> {
+        let Some(held) = self.held.take() else {
+            return vec![with_metadata(
+                reply(Out::RequestBody(body_response(common))),
+                endpoint,
+            )];
+        };
+        if let (Some(m), Some(h)) = (common.header_mutation.as_mut(), held.header_mutation) {
+            let set: Vec<String> = m
+                .set_headers
+                .iter()
+                .filter_map(|s| s.header.as_ref().map(|h| h.key.clone()))
+                .collect();
+            m.remove_headers
+                .extend(h.remove_headers.into_iter().filter(|r| !set.contains(r)));
+        }
+        let mut out = Vec::with_capacity(self.owed_chunks + 2);
+        out.push(with_metadata(
+            reply(Out::RequestHeaders(response(common))),
+            endpoint,
+        ));
+        let chunks = std::mem::take(&mut self.owed_chunks) + 1;
+        out.extend((0..chunks).map(|_| reply(Out::RequestBody(BodyResponse::default()))));
+        out
     }
 
     async fn pick(&mut self, api: Option<Api>) -> Result<Pick, Refusal> {

@@ -322,3 +322,113 @@ async fn a_body_without_its_headers_is_routed_by_what_it_holds() {
     let out = replies.message().await.unwrap().unwrap().response.unwrap();
     assert!(destination(&out).is_some(), "{out:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_body_sent_at_once_the_headers_answer_carries_the_decision() {
+    use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
+    use envoy_types::pb::envoy::service::ext_proc::v3::ProtocolConfiguration;
+    let (router, engines, url, _) = setup(3).await;
+    let only = vec![router_epp::endpoint_of(engines[2].url()).unwrap()];
+    let json = chat_json(40);
+    let (a, rest) = json.split_at(json.len() / 3);
+    let (b, c) = rest.split_at(rest.len() / 2);
+    let chunk = |s: &str, end: bool| ProcessingRequest {
+        request: Some(In::RequestBody(HttpBody {
+            body: s.as_bytes().to_vec(),
+            end_of_stream: end,
+            ..Default::default()
+        })),
+        ..Default::default()
+    };
+    let mut client = ExternalProcessorClient::connect(url).await.unwrap();
+    let (tx, rx) = mpsc::channel(8);
+    // What Envoy sends with `request_body_mode: STREAMED` and
+    // `send_body_without_waiting_for_header_response: true`: the headers
+    // (the protocol on the stream's first message, the subset hint in its
+    // metadata) and the body's chunks, none waiting for an answer.
+    let mut first = headers("/v1/chat/completions", false);
+    first.protocol_config = Some(ProtocolConfiguration {
+        request_body_mode: BodySendMode::Streamed as i32,
+        send_body_without_waiting_for_header_response: true,
+        ..Default::default()
+    });
+    first.metadata_context = body("", Some(&only)).metadata_context;
+    for m in [first, chunk(a, false), chunk(b, false), chunk(c, true)] {
+        tx.send(m).await.unwrap();
+    }
+    let mut replies = client
+        .process(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    // The headers' answer comes first and already holds the whole body's
+    // decision: it was held until the body came.
+    let Out::RequestHeaders(h) = replies.message().await.unwrap().unwrap().response.unwrap() else {
+        panic!("the headers are answered first")
+    };
+    let common = h.response.unwrap();
+    assert!(common.clear_route_cache);
+    let m = common.header_mutation.unwrap();
+    let set: Vec<(String, String)> = m
+        .set_headers
+        .iter()
+        .filter_map(|h| h.header.as_ref())
+        .map(|h| {
+            (
+                h.key.clone(),
+                String::from_utf8(h.raw_value.clone()).unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        set,
+        vec![(DESTINATION_HEADER.to_owned(), only[0].clone())],
+        "the subset hint's pod, and the client's choice overwritten"
+    );
+    assert!(
+        !m.remove_headers.iter().any(|h| h == DESTINATION_HEADER),
+        "the header set is not also removed: {:?}",
+        m.remove_headers
+    );
+    // Then each of the three chunks, in order, passed on unchanged.
+    for i in 0..3 {
+        let out = replies.message().await.unwrap().unwrap().response.unwrap();
+        let Out::RequestBody(b) = &out else {
+            panic!("chunk {i}: {out:?}")
+        };
+        assert!(b.response.is_none(), "chunk {i}: {out:?}");
+    }
+
+    // A body over the limit is refused as it comes, before its end.
+    let small = Epp::new(router.clone(), {
+        let mut c = EppConfig::default();
+        c.max_body_bytes = 100;
+        c
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let small_url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(small.serve(listener, std::future::pending()));
+    let mut client = ExternalProcessorClient::connect(small_url).await.unwrap();
+    let (tx, rx) = mpsc::channel(8);
+    let mut first = headers("/v1/chat/completions", false);
+    first.protocol_config = Some(ProtocolConfiguration {
+        request_body_mode: BodySendMode::Streamed as i32,
+        send_body_without_waiting_for_header_response: true,
+        ..Default::default()
+    });
+    let big = "x".repeat(80);
+    for m in [first, chunk(&big, false), chunk(&big, false)] {
+        tx.send(m).await.unwrap();
+    }
+    let mut replies = client
+        .process(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let out = replies.message().await.unwrap().unwrap().response.unwrap();
+    let Out::ImmediateResponse(i) = out else {
+        panic!("{out:?}")
+    };
+    assert_eq!(i.status.unwrap().code, 413);
+    drop(tx);
+}
