@@ -231,6 +231,14 @@ impl Epp {
         listener: tokio::net::TcpListener,
         shutdown: impl std::future::Future<Output = ()> + Send,
     ) -> Result<(), tonic::transport::Error> {
+        // A body chunk is decoded whole before it can be refused with 413
+        // (tonic's default limit, 4 MiB, would end the stream instead):
+        // room for chunks up to twice the largest body read.
+        let decoding_limit = self
+            .config
+            .max_body_bytes
+            .saturating_mul(2)
+            .saturating_add(1 << 20);
         let (reporter, health) = tonic_health::server::health_reporter();
         let router = self.router.clone();
         let ready = tokio::spawn(async move {
@@ -253,7 +261,9 @@ impl Epp {
             tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
         let served = tonic::transport::Server::builder()
             .add_service(health)
-            .add_service(ExternalProcessorServer::new(self))
+            .add_service(
+                ExternalProcessorServer::new(self).max_decoding_message_size(decoding_limit),
+            )
             .serve_with_incoming_shutdown(incoming, shutdown)
             .await;
         ready.abort();

@@ -398,3 +398,37 @@ async fn an_engine_killed_mid_run_is_routed_around() {
         assert_ne!(a.pod.as_deref(), Some(home.as_str()));
     }
 }
+
+/// The body waits in Envoy while the picker reads it (streamed, the
+/// headers' answer held): past Envoy's default 1 MiB buffer it must still
+/// reach the picker (a full buffer with no answer would stall until the
+/// message timeout, 504), and past the picker's 8 MiB it is a 413.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_bodies_end_in_a_clear_status() {
+    let (router, engines) = router(2).await;
+    let epp_port = free_port();
+    let _stop = picker(&router, epp_port).await;
+    let envoy = envoy(epp_port, &engines, false).await;
+    eventually(10, "the pods answer their probes", || {
+        router.health().answering == 2
+    })
+    .await;
+    for (bytes, status, code) in [
+        // Decided, and refused: longer than any pod's cache, longer than
+        // the model's context.
+        (600_000, 400, "prompt_too_long"),
+        (2_000_000, 400, "context_length_exceeded"),
+        (9_000_000, 413, "request_too_large"),
+    ] {
+        let text: String = "lorem ".repeat(bytes / 6);
+        let r = client()
+            .post(format!("{}/v1/chat/completions", envoy.url))
+            .json(&json!({"model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": 1}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), status, "{bytes} bytes");
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(body["error"]["code"], code, "{bytes} bytes: {body}");
+    }
+}
