@@ -168,6 +168,11 @@ struct Args {
     /// full-attention-only view (`hybrid_groups = false`, every peer's).
     #[arg(long)]
     hybrid: Option<String>,
+    /// After each row, the turns whose prediction was wrong (to stderr):
+    /// over (the engine had evicted what the router counted) or under (it
+    /// held more than the router knew), with their tokens.
+    #[arg(long)]
+    mismatches: bool,
     /// The model name to send.
     #[arg(long, default_value = "Qwen/Qwen3-0.6B")]
     model: String,
@@ -404,6 +409,39 @@ impl Summary {
         self.turns.iter().filter(|t| !t.ok).count()
     }
 
+    /// The wrong predictions, over and under, to stderr.
+    fn mismatches(&self) {
+        let ok = self.turns.iter().filter(|t| t.ok);
+        let (mut over, mut under) = ((0, 0), (0, 0));
+        for t in ok.clone().filter(|t| t.predicted != t.cached) {
+            let side = if t.predicted > t.cached {
+                &mut over
+            } else {
+                &mut under
+            };
+            side.0 += 1;
+            side.1 += t.predicted.abs_diff(t.cached);
+            eprintln!(
+                "loadgen: {} at {:.2}s on {}: predicted {} cached {} of {}",
+                self.label,
+                t.sent.as_secs_f64(),
+                t.pod,
+                t.predicted,
+                t.cached,
+                t.prompt_tokens
+            );
+        }
+        eprintln!(
+            "loadgen: {}: {} turns, over-predicted {} ({} tokens), under-predicted {} ({} tokens)",
+            self.label,
+            ok.count(),
+            over.0,
+            over.1,
+            under.0,
+            under.1
+        );
+    }
+
     fn row(&self) -> String {
         let ok: Vec<&Turn> = self.turns.iter().filter(|t| t.ok).collect();
         let mut ttft: Vec<Duration> = ok.iter().map(|t| t.ttft).collect();
@@ -522,6 +560,9 @@ async fn main() {
         let urls: Vec<String> = url.split(',').map(|u| u.trim().to_owned()).collect();
         let s = drive(args.clone(), &urls, &args.label, &tok, &hasher).await;
         println!("{}", s.row());
+        if args.mismatches {
+            s.mismatches();
+        }
         failed += s.failed();
     }
     let profiles = if args.url.is_some() {
@@ -618,6 +659,9 @@ async fn main() {
             eprintln!("loadgen: engine 0 restarted; the gateway says {restarts}");
         }
         println!("{}", s.row());
+        if args.mismatches {
+            s.mismatches();
+        }
         failed += s.failed();
         drop(gateways);
     }

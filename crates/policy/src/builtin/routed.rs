@@ -88,13 +88,6 @@ struct PodLog {
     /// insertion no longer matches the block's holder record are stale
     /// (the block was routed again since) and skipped.
     order: VecDeque<(u64, u64, BlockHash)>,
-    /// Blocks the capacity model pushed out (the engine will have evicted
-    /// them by the time a request now routed here runs), with the push
-    /// that recorded each; a block routed here again leaves it.
-    evicted: FastMap<BlockHash, u64>,
-    /// `evicted`'s pushes, oldest first (bounds it to the pod's capacity).
-    evicted_order: VecDeque<(u64, BlockHash)>,
-    pushes: u64,
 }
 
 impl PodLog {
@@ -103,28 +96,6 @@ impl PodLog {
             memory,
             live: 0,
             order: VecDeque::new(),
-            evicted: FastMap::default(),
-            evicted_order: VecDeque::new(),
-            pushes: 0,
-        }
-    }
-
-    /// Records `block` as pushed out by the capacity model.
-    fn push_out(&mut self, block: BlockHash) {
-        self.pushes += 1;
-        self.evicted.insert(block, self.pushes);
-        self.evicted_order.push_back((self.pushes, block));
-        while self.evicted_order.len() > self.memory.capacity_blocks {
-            if let Some((push, b)) = self.evicted_order.pop_front()
-                && self.evicted.get(&b) == Some(&push)
-            {
-                self.evicted.remove(&b);
-            }
-        }
-        if self.evicted_order.len() > 2 * self.evicted.len() + 1024 {
-            let evicted = &self.evicted;
-            self.evicted_order
-                .retain(|(push, b)| evicted.get(b) == Some(push));
         }
     }
 }
@@ -206,9 +177,6 @@ impl Inner {
                 && let Some(log) = self.pods.get_mut(&pod)
             {
                 log.live -= 1;
-                if !expired {
-                    log.push_out(block);
-                }
             }
         }
         // Stale queue entries (blocks routed again later) are bounded: when
@@ -337,11 +305,6 @@ impl RoutedChains {
         }
         let log = inner.log(pod);
         log.live += added;
-        if !log.evicted.is_empty() {
-            for b in &chain[..keep] {
-                log.evicted.remove(b);
-            }
-        }
         // Deepest first, as vLLM frees a finished request's blocks: past
         // capacity a chain loses its tail before its head, as in the engine.
         log.order
@@ -388,13 +351,6 @@ impl RoutedChains {
         // Their queue entries are stale now: `trim` skips and compacts them.
         if let Some(log) = inner.pods.get_mut(&pod) {
             log.live = log.live.saturating_sub(dropped);
-            // The engine confirmed what the model predicted (or evicted a
-            // block the model kept): either way the index no longer has it.
-            if !log.evicted.is_empty() {
-                for b in blocks {
-                    log.evicted.remove(b);
-                }
-            }
         }
     }
 
@@ -427,54 +383,6 @@ impl RoutedChains {
     pub fn memory(&self, pod: PodId) -> Memory {
         let mut inner = self.inner.lock();
         inner.log(pod).memory
-    }
-
-    /// Lowers each pod's matched blocks of `chain` in `hits` to the first
-    /// block the capacity model pushed out of that pod to make room for
-    /// requests still queued there (their `queued_prefill_tokens`, in
-    /// `block_size`-token blocks): the engine will have evicted it (LRU,
-    /// deepest first) by the time this one's prefill runs, though it has
-    /// not said so yet. A block pushed out longer ago that the index still
-    /// holds was kept by the engine (its request ran long and freed it
-    /// late): the index's word stands.
-    pub fn cut_pushed_out(
-        &self,
-        chain: &[BlockHash],
-        pods: &[PodState],
-        block_size: u64,
-        hits: &mut CacheHits,
-    ) {
-        let inner = self.inner.lock();
-        for p in pods {
-            let held = hits.blocks(p.id) as usize;
-            let Some(log) = inner.pods.get(&p.id) else {
-                continue;
-            };
-            if held == 0 || log.evicted.is_empty() {
-                continue;
-            }
-            let pending = p.queued_prefill_tokens / block_size.max(1);
-            if pending == 0 {
-                continue;
-            }
-            if let Some(cut) = chain[..held.min(chain.len())].iter().position(|b| {
-                log.evicted
-                    .get(b)
-                    .is_some_and(|&push| log.pushes - push < pending)
-            }) {
-                hits.lower(p.id, cut as u32);
-            }
-        }
-    }
-
-    /// Blocks of `pod` the capacity model pushed out and the engine has not
-    /// reported evicted, nor been routed again.
-    pub fn pushed_out(&self, pod: PodId) -> usize {
-        self.inner
-            .lock()
-            .pods
-            .get(&pod)
-            .map_or(0, |l| l.evicted.len())
     }
 
     /// Live registered blocks of `pod` (SMG's "tree size").
@@ -573,8 +481,8 @@ impl Speculative {
         Speculative::with_block_size(table, 16)
     }
 
-    /// [`Speculative::new`] for engines of `block_size`-token blocks (how
-    /// a pod's queued prompt tokens become the blocks they will insert).
+    /// [`Speculative::new`] for engines of `block_size`-token blocks (shown
+    /// in its `Debug`; registrations themselves are counted in blocks).
     pub fn with_block_size(table: Arc<RoutedChains>, block_size: u64) -> Self {
         Speculative {
             table,
@@ -684,7 +592,7 @@ impl<S: CacheEventSink> CacheEventSink for Evictions<S> {
 }
 
 impl Prepare for Speculative {
-    fn prepare(&self, ctx: &mut Context, pods: &[PodState]) {
+    fn prepare(&self, ctx: &mut Context, _pods: &[PodState]) {
         let now = now_ms(ctx);
         let chain_len = ctx.get(CHAIN).map_or(0, Vec::len);
         // Taken out while the chain is borrowed, put back raised (into the
@@ -692,8 +600,6 @@ impl Prepare for Speculative {
         let had = ctx.get_mut(CACHE_HITS).map(std::mem::take);
         let mut hits = had.unwrap_or_else(|| CacheHits::empty(chain_len));
         if let Some(chain) = ctx.get(CHAIN) {
-            self.table
-                .cut_pushed_out(chain, pods, self.block_size, &mut hits);
             let index = self.index.as_deref();
             self.table.for_each_match(chain, now, |pod, blocks| {
                 let blocks = match index {
