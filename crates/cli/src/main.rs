@@ -16,7 +16,7 @@
 use std::path::{Path, PathBuf};
 
 use clap::Parser;
-use router_gateway::{Config, DEFAULT_CONFIG};
+use router_gateway::{Config, DEFAULT_CONFIG, Gateway};
 use router_sim_engine::SimGateway;
 
 /// mimalloc rather than glibc's malloc: a request is a few hundred small
@@ -133,9 +133,27 @@ async fn main() {
         },
         None => None,
     };
-    let mut gateways = Vec::new();
+    // Every replica's address too (consecutive ports), before the first
+    // one's engines start.
+    let mut listeners = Vec::new();
     for r in 0..args.replicas.max(1) {
         let mut c = config.clone();
+        let port = config.gateway.listen.port();
+        c.gateway
+            .listen
+            .set_port(if port == 0 { 0 } else { port + r as u16 });
+        match Gateway::bind(&c).await {
+            Ok(l) => listeners.push((c.gateway.listen, l)),
+            Err(e) => {
+                eprintln!("cache-router: {e}");
+                std::process::exit(1);
+            }
+        }
+    }
+    let mut gateways = Vec::new();
+    for (r, (listen, listener)) in listeners.into_iter().enumerate() {
+        let mut c = config.clone();
+        c.gateway.listen = listen;
         if r > 0 {
             // Further replicas route to the first one's engines.
             c.simulated = None;
@@ -143,10 +161,6 @@ async fn main() {
                 .first()
                 .map(SimGateway::engine_pods)
                 .unwrap_or_default();
-            let port = config.gateway.listen.port();
-            c.gateway
-                .listen
-                .set_port(if port == 0 { 0 } else { port + r as u16 });
         }
         if let Some(n) = c.nats.as_mut()
             && args.replicas > 1
@@ -154,7 +168,7 @@ async fn main() {
             let base = n.replica.clone().unwrap_or_else(|| "gw".into());
             n.replica = Some(format!("{base}-{r}"));
         }
-        match SimGateway::start(c).await {
+        match SimGateway::serve(listener, c).await {
             Ok(g) => gateways.push(g),
             Err(e) => {
                 eprintln!("cache-router: {e}");

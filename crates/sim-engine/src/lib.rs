@@ -91,8 +91,18 @@ impl SimGateway {
     /// of their own: otherwise an engine could take a port chosen free for
     /// the gateway, answer its `/health`, and die with the process when the
     /// gateway's bind then fails.
-    pub async fn start(mut config: Config) -> Result<SimGateway, Error> {
+    pub async fn start(config: Config) -> Result<SimGateway, Error> {
         let listener = Gateway::bind(&config).await?;
+        SimGateway::serve(listener, config).await
+    }
+
+    /// [`SimGateway::start`] on a `listener` the caller bound (with
+    /// [`Gateway::bind`]): several gateways in one process bind all their
+    /// addresses before any of them starts engines.
+    pub async fn serve(
+        listener: tokio::net::TcpListener,
+        mut config: Config,
+    ) -> Result<SimGateway, Error> {
         let engines = start_engines(&mut config)?;
         let gateway = Gateway::serve(listener, config).await?;
         Ok(SimGateway { gateway, engines })
