@@ -12,6 +12,7 @@
 #   PEERS=1 scripts/overhead.sh                  # smg and sglang-router in front as well
 #   PROMPT=word CONNS=32 scripts/overhead.sh     # a one-word chat prompt (issue 30's target)
 #   MODES=plain DURATION=20s scripts/overhead.sh # non-streamed only, longer
+#   WARMUP=3s scripts/overhead.sh                # each front loaded 3 s, unmeasured, first
 #
 # Needs wrk (apt-get install wrk). Loopback only; every wrk run is bounded
 # by DURATION (default 10s) with CONNS connections (default 16).
@@ -19,6 +20,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v wrk > /dev/null || { echo "overhead.sh needs wrk (apt-get install wrk)"; exit 2; }
 DURATION=${DURATION:-10s}
+# Unmeasured load before each measurement (0: none, each front measured
+# from its first second, cold start included).
+WARMUP=${WARMUP:-0}
 CONNS=${CONNS:-16}
 out=target/overhead
 mkdir -p "$out"
@@ -61,6 +65,9 @@ done
 # Runs wrk against $1/v1/chat/completions; prints "req/s p50 p99".
 measure() {
     local r
+    if [ "$WARMUP" != 0 ]; then
+        wrk -t2 -c"$CONNS" -d"$WARMUP" -s "$out/$2.lua" "$1/v1/chat/completions" > /dev/null
+    fi
     r=$(wrk -t2 -c"$CONNS" -d"$DURATION" --latency -s "$out/$2.lua" "$1/v1/chat/completions")
     if echo "$r" | grep -q 'Non-2xx'; then echo "$r" >&2; echo "non-2xx answers from $1" >&2; exit 1; fi
     echo "$(echo "$r" | awk '/Requests\/sec/ {print $2}') $(echo "$r" | awk '$1 == "50%" {print $2}') $(echo "$r" | awk '$1 == "99%" {print $2}')"
