@@ -78,7 +78,7 @@ cargo build --locked -p cache-router-cli && cargo build --locked --example loadg
 port=$(.venv/bin/python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 ./target/debug/cache-router --listen "127.0.0.1:$port" > target/gateway-ci.log 2>&1 &
 gateway_pid=$!
-trap 'rc=$?; kill $gateway_pid 2>/dev/null; [ $rc -eq 0 ] || tail -n 40 target/gateway-ci.log' EXIT
+trap 'rc=$?; kill $gateway_pid 2>/dev/null || true; [ $rc -eq 0 ] || tail -n 40 target/gateway-ci.log; exit $rc' EXIT
 # No curl on a fresh machine: Python's urllib waits for the gateway and checks it.
 wait_ready "127.0.0.1:$port/health"
 .venv/bin/python - "$port" <<'PY'
@@ -107,7 +107,7 @@ free() { .venv/bin/python -c 'import socket; s = socket.socket(); s.bind(("127.0
 gw_port=$(free)
 ./target/debug/cache-router --listen "127.0.0.1:$gw_port" > target/embed-engines.log 2>&1 &
 gateway_pid=$!
-trap 'rc=$?; kill $gateway_pid ${embed_pid:-} 2>/dev/null; [ $rc -eq 0 ] || tail -n 40 target/embed-engines.log target/embed-ci.log' EXIT
+trap 'rc=$?; kill $gateway_pid ${embed_pid:-} 2>/dev/null || true; [ $rc -eq 0 ] || tail -n 40 target/embed-engines.log target/embed-ci.log; exit $rc' EXIT
 # The bundled command's simulated engines, listed by its admin API, become
 # the [[pods]] of the proxy's own config: the proxy follows their events too.
 wait_ready "127.0.0.1:$gw_port/health"
@@ -158,7 +158,7 @@ free() { .venv/bin/python -c 'import socket; s = socket.socket(); s.bind(("127.0
 gw_port=$(free)
 ./target/debug/cache-router --listen "127.0.0.1:$gw_port" > target/pyproxy-engines.log 2>&1 &
 gateway_pid=$!
-trap 'rc=$?; kill $gateway_pid ${proxy_pid:-} 2>/dev/null; [ $rc -eq 0 ] || tail -n 40 target/pyproxy-engines.log target/pyproxy.log' EXIT
+trap 'rc=$?; kill $gateway_pid ${proxy_pid:-} 2>/dev/null || true; [ $rc -eq 0 ] || tail -n 40 target/pyproxy-engines.log target/pyproxy.log; exit $rc' EXIT
 .venv/bin/python crates/python/tests/engines.py "$gw_port" > target/pyproxy.toml
 # Chosen once the engines hold their ports, so none of them can take it.
 proxy_port=$(free)
