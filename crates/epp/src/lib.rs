@@ -303,7 +303,8 @@ impl ExternalProcessor for Epp {
                         Ok(Some(msg)) if msg.observability_mode => {
                             // In observability mode Envoy waits on no
                             // answer, and none is sent.
-                            exchange.handle(msg).await;
+                            exchange.handle(msg, &mut queue).await;
+                            queue.clear();
                             if exchange.answered {
                                 // The response is over: close the stream
                                 // rather than leave it to Envoy's deferred
@@ -313,7 +314,7 @@ impl ExternalProcessor for Epp {
                                 return None;
                             }
                         }
-                        Ok(Some(msg)) => queue.extend(exchange.handle(msg).await),
+                        Ok(Some(msg)) => exchange.handle(msg, &mut queue).await,
                         // The stream ended (the request is over, or Envoy
                         // gave up): the exchange drops, and so does its
                         // pick's load.
@@ -355,8 +356,8 @@ struct Exchange {
     /// answer is held until the body has come and carries the decision, one
     /// round trip a request instead of two.
     early_body: bool,
-    /// The headers' answer, held (early body).
-    held: Option<CommonResponse>,
+    /// The headers' answer is held (early body).
+    headers_held: bool,
     /// Body chunks not yet answered (early body).
     owed_chunks: usize,
 }
@@ -380,15 +381,15 @@ impl Exchange {
             split: false,
             answered: false,
             early_body: false,
-            held: None,
+            headers_held: false,
             owed_chunks: 0,
             config,
         }
     }
 
-    /// Envoy's message answered: no reply yet (headers held), one, or
-    /// several (the held headers' and the body's).
-    async fn handle(&mut self, msg: ProcessingRequest) -> Vec<ProcessingResponse> {
+    /// Envoy's message answered into `out`: no reply yet (headers held),
+    /// one, or several (the held headers' and the body's).
+    async fn handle(&mut self, msg: ProcessingRequest, out: &mut VecDeque<ProcessingResponse>) {
         if let Some(hint) = subset_hint(msg.metadata_context.as_ref()) {
             self.subset = Some(hint);
         }
@@ -398,39 +399,31 @@ impl Exchange {
                 && p.request_body_mode == BodySendMode::Streamed as i32;
         }
         let one = match msg.request {
-            Some(In::RequestHeaders(h)) => return self.request_headers(&h).into_iter().collect(),
-            Some(In::RequestBody(b)) => return self.request_body(b).await,
-            Some(In::ResponseHeaders(h)) => self.response_headers(&h),
-            Some(In::ResponseBody(b)) => self.response_body(&b),
+            Some(In::RequestHeaders(h)) => self.request_headers(&h),
+            Some(In::RequestBody(b)) => return self.request_body(b, out).await,
+            Some(In::ResponseHeaders(h)) => Some(self.response_headers(&h)),
+            Some(In::ResponseBody(b)) => Some(self.response_body(&b)),
             Some(In::RequestTrailers(_)) => {
-                reply(Out::RequestTrailers(TrailersResponse::default()))
+                Some(reply(Out::RequestTrailers(TrailersResponse::default())))
             }
             Some(In::ResponseTrailers(_)) => {
-                reply(Out::ResponseTrailers(TrailersResponse::default()))
+                Some(reply(Out::ResponseTrailers(TrailersResponse::default())))
             }
-            None => reply(Out::RequestHeaders(HeadersResponse::default())),
+            None => Some(reply(Out::RequestHeaders(HeadersResponse::default()))),
         };
-        vec![one]
+        out.extend(one);
     }
 
     fn request_headers(&mut self, h: &HttpHeaders) -> Option<ProcessingResponse> {
         self.path = header(h, ":path").unwrap_or_default();
         self.session = header(h, &self.config.session_header);
         self.take_handed(h);
-        let mut common = CommonResponse {
-            header_mutation: Some(HeaderMutation {
-                remove_headers: vec![DESTINATION_HEADER.into(), EXCHANGE_HEADER.into()],
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
         if h.end_of_stream {
             // No body follows: not a generation; any healthy pod serves it.
             match self.any_endpoint() {
                 Some(ep) => {
-                    common = destination(&ep);
                     return Some(with_metadata(
-                        reply(Out::RequestHeaders(response(common))),
+                        reply(Out::RequestHeaders(response(destination(&ep)))),
                         &ep,
                     ));
                 }
@@ -439,13 +432,18 @@ impl Exchange {
         }
         if self.early_body {
             // Answered with the body's decision.
-            self.held = Some(common);
+            self.headers_held = true;
             return None;
         }
-        Some(reply(Out::RequestHeaders(response(common))))
+        let mut m = HeaderMutation::default();
+        remove_client_headers(&mut m);
+        Some(reply(Out::RequestHeaders(response(CommonResponse {
+            header_mutation: Some(m),
+            ..Default::default()
+        }))))
     }
 
-    async fn request_body(&mut self, b: HttpBody) -> Vec<ProcessingResponse> {
+    async fn request_body(&mut self, b: HttpBody, out: &mut VecDeque<ProcessingResponse>) {
         if self.body.len() + b.body.len() > self.config.max_body_bytes {
             let e = ApiError::new(
                 413,
@@ -457,16 +455,17 @@ impl Exchange {
                 ),
             );
             self.router.metrics().error("body_too_large");
-            return vec![immediate(&e)];
+            return out.push_back(immediate(&e));
         }
         self.body.extend_from_slice(&b.body);
         if !b.end_of_stream {
             if self.early_body {
                 // Answered once the decision is made.
                 self.owed_chunks += 1;
-                return Vec::new();
+            } else {
+                out.push_back(reply(Out::RequestBody(BodyResponse::default())));
             }
-            return vec![reply(Out::RequestBody(BodyResponse::default()))];
+            return;
         }
         let route = self.path.split('?').next().unwrap_or_default();
         let api = match route {
@@ -477,8 +476,8 @@ impl Exchange {
             "" => None,
             _ => {
                 return match self.any_endpoint() {
-                    Some(ep) => self.decided(destination(&ep), &ep),
-                    None => vec![immediate(&no_pod())],
+                    Some(ep) => self.decided(destination(&ep), &ep, out),
+                    None => out.push_back(immediate(&no_pod())),
                 };
             }
         };
@@ -508,44 +507,41 @@ impl Exchange {
                     }
                     _ => self.pick = Some(pick),
                 }
-                self.decided(common, &ep)
+                self.decided(common, &ep, out)
             }
             Err(r) => {
                 let m = self.router.metrics();
                 m.error(r.kind);
                 m.request(self.label, r.error.status);
-                vec![immediate(&r.error)]
+                out.push_back(immediate(&r.error))
             }
         }
     }
 
     /// The decision `common` (for `endpoint`) as the body's answer; with an
-    /// early body, as the held headers' answer (their removals kept) and
-    /// then every body chunk's.
-    fn decided(&mut self, mut common: CommonResponse, endpoint: &str) -> Vec<ProcessingResponse> {
-        let Some(held) = self.held.take() else {
-            return vec![with_metadata(
+    /// early body, as the held headers' answer (the client's control
+    /// headers removed, as that answer does) and then every body chunk's.
+    fn decided(
+        &mut self,
+        mut common: CommonResponse,
+        endpoint: &str,
+        out: &mut VecDeque<ProcessingResponse>,
+    ) {
+        if !std::mem::take(&mut self.headers_held) {
+            return out.push_back(with_metadata(
                 reply(Out::RequestBody(body_response(common))),
                 endpoint,
-            )];
-        };
-        if let (Some(m), Some(h)) = (common.header_mutation.as_mut(), held.header_mutation) {
-            let set: Vec<String> = m
-                .set_headers
-                .iter()
-                .filter_map(|s| s.header.as_ref().map(|h| h.key.clone()))
-                .collect();
-            m.remove_headers
-                .extend(h.remove_headers.into_iter().filter(|r| !set.contains(r)));
+            ));
         }
-        let mut out = Vec::with_capacity(self.owed_chunks + 2);
-        out.push(with_metadata(
+        if let Some(m) = common.header_mutation.as_mut() {
+            remove_client_headers(m);
+        }
+        out.push_back(with_metadata(
             reply(Out::RequestHeaders(response(common))),
             endpoint,
         ));
         let chunks = std::mem::take(&mut self.owed_chunks) + 1;
         out.extend((0..chunks).map(|_| reply(Out::RequestBody(BodyResponse::default()))));
-        out
     }
 
     async fn pick(&mut self, api: Option<Api>) -> Result<Pick, Refusal> {
@@ -744,6 +740,20 @@ fn set_header(key: &str, value: &str) -> HeaderValueOption {
         // OVERWRITE_IF_EXISTS_OR_ADD
         append_action: 2,
         ..Default::default()
+    }
+}
+
+/// Removes the control headers a client may have sent (the client does not
+/// choose its pod), but not those `m` sets: it overwrites them anyway.
+fn remove_client_headers(m: &mut HeaderMutation) {
+    for name in [DESTINATION_HEADER, EXCHANGE_HEADER] {
+        let set = m
+            .set_headers
+            .iter()
+            .any(|s| s.header.as_ref().is_some_and(|h| h.key == name));
+        if !set {
+            m.remove_headers.push(name.into());
+        }
     }
 }
 
