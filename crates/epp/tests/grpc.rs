@@ -27,11 +27,17 @@ async fn setup(engines: usize) -> (Router, Vec<SimEngine>, String, Epp) {
     let mut config = Config::parse(&text, Path::new(env!("CARGO_MANIFEST_DIR"))).unwrap();
     let sims = router_sim_engine::start_engines(&mut config).unwrap();
     let router = Router::start(config).await.unwrap();
+    let epp = Epp::new(router.clone(), EppConfig::default());
+    let url = serve(epp.clone()).await;
+    (router, sims, url, epp)
+}
+
+/// Serves `epp` on a port of its own; its URL.
+async fn serve(epp: Epp) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
-    let epp = Epp::new(router.clone(), EppConfig::default());
-    tokio::spawn(epp.clone().serve(listener, std::future::pending()));
-    (router, sims, url, epp)
+    tokio::spawn(epp.serve(listener, std::future::pending()));
+    url
 }
 
 fn headers(path: &str, end: bool) -> ProcessingRequest {
@@ -323,44 +329,73 @@ async fn a_body_without_its_headers_is_routed_by_what_it_holds() {
     assert!(destination(&out).is_some(), "{out:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_the_body_sent_at_once_the_headers_answer_carries_the_decision() {
+/// A request's headers as Envoy sends them when the body follows without
+/// waiting for their answer (`request_body_mode: STREAMED`,
+/// `send_body_without_waiting_for_header_response: true`, reported in the
+/// stream's first message).
+fn headers_body_following(path: &str) -> ProcessingRequest {
     use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
     use envoy_types::pb::envoy::service::ext_proc::v3::ProtocolConfiguration;
-    let (router, engines, url, _) = setup(3).await;
-    let only = vec![router_epp::endpoint_of(engines[2].url()).unwrap()];
-    let json = chat_json(40);
-    let (a, rest) = json.split_at(json.len() / 3);
-    let (b, c) = rest.split_at(rest.len() / 2);
-    let chunk = |s: &str, end: bool| ProcessingRequest {
+    let mut h = headers(path, false);
+    h.protocol_config = Some(ProtocolConfiguration {
+        request_body_mode: BodySendMode::Streamed as i32,
+        send_body_without_waiting_for_header_response: true,
+        ..Default::default()
+    });
+    h
+}
+
+fn chunk(s: &str, end: bool) -> ProcessingRequest {
+    ProcessingRequest {
         request: Some(In::RequestBody(HttpBody {
             body: s.as_bytes().to_vec(),
             end_of_stream: end,
             ..Default::default()
         })),
         ..Default::default()
-    };
-    let mut client = ExternalProcessorClient::connect(url).await.unwrap();
-    let (tx, rx) = mpsc::channel(8);
-    // What Envoy sends with `request_body_mode: STREAMED` and
-    // `send_body_without_waiting_for_header_response: true`: the headers
-    // (the protocol on the stream's first message, the subset hint in its
-    // metadata) and the body's chunks, none waiting for an answer.
-    let mut first = headers("/v1/chat/completions", false);
-    first.protocol_config = Some(ProtocolConfiguration {
-        request_body_mode: BodySendMode::Streamed as i32,
-        send_body_without_waiting_for_header_response: true,
-        ..Default::default()
-    });
-    first.metadata_context = body("", Some(&only)).metadata_context;
-    for m in [first, chunk(a, false), chunk(b, false), chunk(c, true)] {
+    }
+}
+
+/// Sends `messages` at once, none waiting for an answer, on a new stream
+/// to `url`; the replies.
+async fn send_all(
+    url: &str,
+    messages: Vec<ProcessingRequest>,
+) -> (
+    mpsc::Sender<ProcessingRequest>,
+    tonic::Streaming<envoy_types::pb::envoy::service::ext_proc::v3::ProcessingResponse>,
+) {
+    let mut client = ExternalProcessorClient::connect(url.to_owned())
+        .await
+        .unwrap();
+    let (tx, rx) = mpsc::channel(messages.len().max(1));
+    for m in messages {
         tx.send(m).await.unwrap();
     }
-    let mut replies = client
+    let replies = client
         .process(ReceiverStream::new(rx))
         .await
         .unwrap()
         .into_inner();
+    (tx, replies)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_body_sent_at_once_the_headers_answer_carries_the_decision() {
+    let (router, engines, url, _) = setup(3).await;
+    let only = vec![router_epp::endpoint_of(engines[2].url()).unwrap()];
+    let json = chat_json(40);
+    let (a, rest) = json.split_at(json.len() / 3);
+    let (b, c) = rest.split_at(rest.len() / 2);
+    // The headers (the subset hint in their metadata) and the body's three
+    // chunks.
+    let mut first = headers_body_following("/v1/chat/completions");
+    first.metadata_context = body("", Some(&only)).metadata_context;
+    let (_tx, mut replies) = send_all(
+        &url,
+        vec![first, chunk(a, false), chunk(b, false), chunk(c, true)],
+    )
+    .await;
     // The headers' answer comes first and already holds the whole body's
     // decision: it was held until the body came.
     let Out::RequestHeaders(h) = replies.message().await.unwrap().unwrap().response.unwrap() else {
@@ -385,10 +420,10 @@ async fn with_the_body_sent_at_once_the_headers_answer_carries_the_decision() {
         vec![(DESTINATION_HEADER.to_owned(), only[0].clone())],
         "the subset hint's pod, and the client's choice overwritten"
     );
-    assert!(
-        !m.remove_headers.iter().any(|h| h == DESTINATION_HEADER),
-        "the header set is not also removed: {:?}",
-        m.remove_headers
+    assert_eq!(
+        m.remove_headers,
+        vec![router_epp::EXCHANGE_HEADER.to_owned()],
+        "the client's other control header removed, not the one set"
     );
     // Then each of the three chunks, in order, passed on unchanged.
     for i in 0..3 {
@@ -400,35 +435,22 @@ async fn with_the_body_sent_at_once_the_headers_answer_carries_the_decision() {
     }
 
     // A body over the limit is refused as it comes, before its end.
-    let small = Epp::new(router.clone(), {
-        let mut c = EppConfig::default();
-        c.max_body_bytes = 100;
-        c
-    });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let small_url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(small.serve(listener, std::future::pending()));
-    let mut client = ExternalProcessorClient::connect(small_url).await.unwrap();
-    let (tx, rx) = mpsc::channel(8);
-    let mut first = headers("/v1/chat/completions", false);
-    first.protocol_config = Some(ProtocolConfiguration {
-        request_body_mode: BodySendMode::Streamed as i32,
-        send_body_without_waiting_for_header_response: true,
-        ..Default::default()
-    });
+    let mut config = EppConfig::default();
+    config.max_body_bytes = 100;
+    let small = serve(Epp::new(router.clone(), config)).await;
     let big = "x".repeat(80);
-    for m in [first, chunk(&big, false), chunk(&big, false)] {
-        tx.send(m).await.unwrap();
-    }
-    let mut replies = client
-        .process(ReceiverStream::new(rx))
-        .await
-        .unwrap()
-        .into_inner();
+    let (_tx, mut replies) = send_all(
+        &small,
+        vec![
+            headers_body_following("/v1/chat/completions"),
+            chunk(&big, false),
+            chunk(&big, false),
+        ],
+    )
+    .await;
     let out = replies.message().await.unwrap().unwrap().response.unwrap();
     let Out::ImmediateResponse(i) = out else {
         panic!("{out:?}")
     };
     assert_eq!(i.status.unwrap().code, 413);
-    drop(tx);
 }
