@@ -175,7 +175,6 @@ impl Default for CostParams {
 struct SpeculativeParams {
     ttl_ms: u64,
     capacity_blocks: usize,
-    block_size: u64,
 }
 
 impl Default for SpeculativeParams {
@@ -183,7 +182,6 @@ impl Default for SpeculativeParams {
         SpeculativeParams {
             ttl_ms: Memory::SPECULATIVE.ttl_ms,
             capacity_blocks: Memory::SPECULATIVE.capacity_blocks,
-            block_size: 16,
         }
     }
 }
@@ -314,8 +312,8 @@ impl Registry {
         });
         r.register("speculative", |p, env| {
             let s: SpeculativeParams = p.parse()?;
-            if s.ttl_ms == 0 || s.capacity_blocks == 0 || s.block_size == 0 {
-                return Err("`ttl_ms`, `capacity_blocks` and `block_size` must be positive".into());
+            if s.ttl_ms == 0 || s.capacity_blocks == 0 {
+                return Err("`ttl_ms` and `capacity_blocks` must be positive".into());
             }
             let memory = Memory::new(s.ttl_ms, s.capacity_blocks);
             let table = match &env.routed {
@@ -325,7 +323,7 @@ impl Registry {
                 }
                 None => Arc::new(RoutedChains::new(memory)),
             };
-            let mut spec = Speculative::with_block_size(table, s.block_size);
+            let mut spec = Speculative::new(table);
             if let Some(index) = &env.index {
                 spec = spec.with_index(index.clone());
             }

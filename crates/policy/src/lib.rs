@@ -95,9 +95,7 @@ pub fn default_profile_with(
         .input(keys::CHAIN.id())
         .input(keys::PROMPT_TOKENS.id())
         .prepare(builtin::PrefixMatchPrepare::new(index.clone()))
-        .prepare(
-            builtin::Speculative::with_block_size(routed, block_size).with_index(index.clone()),
-        )
+        .prepare(builtin::Speculative::new(routed).with_index(index.clone()))
         .filter(builtin::HealthFilter)
         .scorer(
             builtin::PredictedTtft::new(
@@ -120,7 +118,7 @@ pub fn default_profiles_toml(block_size: u64, filters: &str) -> String {
     format!(
         r#"[profiles.cache-aware]
 inputs = ["chain", "prompt_tokens"]
-prepare = [{{ type = "prefix-match" }}, {{ type = "speculative", ttl_ms = 60000, block_size = {block_size} }}]
+prepare = [{{ type = "prefix-match" }}, {{ type = "speculative", ttl_ms = 60000 }}]
 filters = [{filters}]
 scorers = [{{ type = "predicted-ttft", weight = 1.0, block_size = {block_size} }}]
 picker = {{ type = "max-score" }}
@@ -133,7 +131,7 @@ picker = {{ type = "max-score" }}
 /// start from; [`default_profiles_toml`] adds the peer profiles.
 pub const DEFAULT_PROFILE_TOML: &str = r#"[profiles.cache-aware]
 inputs = ["chain", "prompt_tokens"]
-prepare = [{ type = "prefix-match" }, { type = "speculative", ttl_ms = 60000, block_size = 16 }]
+prepare = [{ type = "prefix-match" }, { type = "speculative", ttl_ms = 60000 }]
 filters = [{ type = "health" }]
 scorers = [{ type = "predicted-ttft", weight = 1.0, block_size = 16 }]
 picker = { type = "max-score" }

@@ -474,7 +474,7 @@ fn default_profiles(block_size: u32) -> String {
         r#"
 [profiles.prefill]
 inputs = ["chain", "prompt_tokens"]
-prepare = [{{ type = "prefix-match" }}, {{ type = "speculative", block_size = {block_size} }}]
+prepare = [{{ type = "prefix-match" }}, {{ type = "speculative" }}]
 filters = [{{ type = "health" }}, {{ type = "circuit-breaker" }}, {{ type = "role", role = "prefill" }}]
 scorers = [{{ type = "predicted-ttft", weight = 1.0, block_size = {block_size} }}]
 picker = {{ type = "max-score" }}

@@ -467,7 +467,6 @@ impl RoutedChains {
 /// registered for the chosen pod.
 pub struct Speculative {
     table: Arc<RoutedChains>,
-    block_size: u64,
     /// Cuts a registration's raise to the hit the pod's engine accepts (a
     /// hybrid model's other groups, [`router_core::PrefixIndex::accepted_hit`]).
     index: Option<Arc<dyn router_core::PrefixIndex>>,
@@ -475,20 +474,9 @@ pub struct Speculative {
 
 impl Speculative {
     /// Registers into and reads from `table` (share one table between the
-    /// profiles of a gateway so every step sees every routing), for
-    /// engines of 16-token blocks.
+    /// profiles of a gateway so every step sees every routing).
     pub fn new(table: Arc<RoutedChains>) -> Self {
-        Speculative::with_block_size(table, 16)
-    }
-
-    /// [`Speculative::new`] for engines of `block_size`-token blocks (shown
-    /// in its `Debug`; registrations themselves are counted in blocks).
-    pub fn with_block_size(table: Arc<RoutedChains>, block_size: u64) -> Self {
-        Speculative {
-            table,
-            block_size: block_size.max(1),
-            index: None,
-        }
+        Speculative { table, index: None }
     }
 
     /// Raises hits only as far as `index` says the pod's engine accepts
@@ -509,7 +497,6 @@ impl fmt::Debug for Speculative {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Speculative")
             .field("table", &self.table)
-            .field("block_size", &self.block_size)
             .finish()
     }
 }
