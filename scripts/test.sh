@@ -189,6 +189,9 @@ check env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 step "benches compile (test profile: type and link checks; their figures come from cargo bench)"
 check cargo test --workspace --benches --no-run --locked
 
+step "the picker bench runs (300 requests each way, answers checked, no load left held; figures from cargo bench)"
+check env REQUESTS=300 ROUNDS=1 cargo test -p router-epp --bench picker --locked
+
 step "fuzz targets: built on stable (RUSTC_BOOTSTRAP=1), each run ${FUZZ_SECONDS:-30} s from its seed corpus"
 fuzz_all() (
 set -e
