@@ -190,7 +190,7 @@ step "benches compile (test profile: type and link checks; their figures come fr
 check cargo test --workspace --benches --no-run --locked
 
 step "the picker bench runs (300 requests each way, answers checked, no load left held; figures from cargo bench)"
-check env REQUESTS=300 ROUNDS=1 cargo test -p router-epp --bench picker --locked
+check env REQUESTS=300 ROUNDS=1 cargo test --workspace --bench picker --locked
 
 step "fuzz targets: built on stable (RUSTC_BOOTSTRAP=1), each run ${FUZZ_SECONDS:-30} s from its seed corpus"
 fuzz_all() (
